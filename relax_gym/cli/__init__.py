@@ -1,0 +1,1 @@
+"""The ``relax-gym`` command line; each subcommand lives in its own module, imported lazily."""
