@@ -1,0 +1,424 @@
+"""The engine wire protocol, written once: SGLang's native HTTP API and OpenAI chat completions.
+
+Both sides use these models: the rollout manager, the GenRM judge and the evaluator send them
+through :class:`EngineClient`; the embedded CPU engine parses them on the server side. Field
+names are SGLang's own (``/generate`` with ``input_ids``, ``image_data``, ``sampling_params``,
+``return_logprob``; replies with ``output_ids`` and ``meta_info.output_token_logprobs``,
+``finish_reason``, ``weight_version``), so one client talks to a real SGLang server on a GPU and
+to the embedded engine on a laptop.
+
+Requests accept extra fields (SGLang has many we do not use) and pass them through; replies are
+parsed leniently, since servers add fields over time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relax_gym.errors import RelaxGymError
+
+
+# ------------------------------------------------------------------------------------------------
+# errors
+# ------------------------------------------------------------------------------------------------
+class EngineError(RelaxGymError):
+    """An engine answered with an error status or a reply we cannot parse."""
+
+    def __init__(self, url: str, message: str, status: int | None = None) -> None:
+        self.url = url
+        self.status = status
+        super().__init__(f"{url}: {message}" + (f" (HTTP {status})" if status is not None else ""))
+
+
+class EngineUnavailable(EngineError):
+    """The engine could not be reached (refused, reset, DNS...): a failover candidate."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer within the timeout."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# SGLang native API
+# ------------------------------------------------------------------------------------------------
+class SamplingParams(_Model):
+    """SGLang's ``sampling_params`` (the subset with meaning on every engine)."""
+
+    max_new_tokens: int = Field(128, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+
+
+class GenerateRequest(_Model):
+    """``POST /generate``. Give ``input_ids`` (token-in) or ``text``; media lists hold base64
+    strings, data URLs or paths, in the order their placeholders appear in the prompt."""
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    image_data: list[str] | None = None
+    audio_data: list[str] | None = None
+    video_data: list[str] | None = None
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    rid: str | None = None
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of `text` or `input_ids`")
+        if self.stream:
+            raise ValueError("streaming is not supported by this client; set stream=false")
+        return self
+
+
+class FinishReason(_Model):
+    """Why generation stopped: ``stop`` (EOS / stop string; ``matched`` says which),
+    ``length`` (max_new_tokens), or ``abort`` (aborted or paused for a weight update)."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: int | str | list[int] | None = None
+    length: int | None = None
+    message: str | None = None
+
+
+class MetaInfo(_Model):
+    id: str | None = None
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    # SGLang: one [logprob, token_id, token_text_or_None] triple per generated token.
+    output_token_logprobs: list[list[Any]] | None = None
+    input_token_logprobs: list[list[Any]] | None = None
+    weight_version: str | None = None
+    e2e_latency: float | None = None
+
+
+class GenerateResponse(_Model):
+    text: str = ""
+    output_ids: list[int] | None = None
+    meta_info: MetaInfo = Field(default_factory=MetaInfo)
+
+    def token_ids(self) -> list[int]:
+        """The generated token ids (from ``output_ids``, else from the logprob triples)."""
+        if self.output_ids is not None:
+            return list(self.output_ids)
+        if self.meta_info.output_token_logprobs is not None:
+            return [int(t[1]) for t in self.meta_info.output_token_logprobs]
+        raise EngineError("<response>", "reply has neither output_ids nor output_token_logprobs")
+
+    def token_logprobs(self) -> list[float]:
+        """One logprob per generated token; needs ``return_logprob=True`` in the request."""
+        triples = self.meta_info.output_token_logprobs
+        if triples is None:
+            raise EngineError("<response>", "reply has no output_token_logprobs; send return_logprob=true")
+        return [float(t[0]) for t in triples]
+
+    @property
+    def finish_type(self) -> str | None:
+        return self.meta_info.finish_reason.type if self.meta_info.finish_reason else None
+
+
+class UpdateWeightsFromDiskRequest(_Model):
+    """``POST /update_weights_from_disk``: load new weights from a HF folder."""
+
+    model_path: str
+    load_format: str | None = None
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    flush_cache: bool = True
+
+
+class InitWeightsUpdateGroupRequest(_Model):
+    """``POST /init_weights_update_group``: join a process group to receive broadcast weights."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(_Model):
+    """``POST /update_weights_from_distributed``: receive the named tensors by broadcast."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class UpdateWeightsResponse(_Model):
+    success: bool
+    message: str = ""
+    num_paused_requests: int | None = 0
+
+
+class AbortRequest(_Model):
+    """``POST /abort_request``: abort one request by ``rid``, or all with ``abort_all``."""
+
+    rid: str = ""
+    abort_all: bool = False
+
+
+class PauseGenerationRequest(_Model):
+    """``POST /pause_generation``. ``abort``: in-flight requests return with finish_reason
+    abort; ``retract`` / ``in_place``: they wait and resume after ``/continue_generation``."""
+
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class ModelInfo(_Model):
+    model_path: str = ""
+    tokenizer_path: str | None = None
+    is_generation: bool = True
+    weight_version: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# OpenAI-compatible chat completions (as served by SGLang, vLLM and the embedded engine)
+# ------------------------------------------------------------------------------------------------
+class ChatCompletionRequest(_Model):
+    model: str = "default"
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    stream: bool = False
+
+
+class ChatToolCallFunction(_Model):
+    name: str
+    arguments: str = "{}"
+
+
+class ChatToolCall(_Model):
+    id: str = ""
+    type: str = "function"
+    function: ChatToolCallFunction
+
+
+class ChatMessage(_Model):
+    role: str = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ChatToolCall] | None = None
+
+
+class ChatTokenLogprob(_Model):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprobs(_Model):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatChoice(_Model):
+    index: int = 0
+    message: ChatMessage
+    finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
+
+
+class ChatUsage(_Model):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatCompletionResponse(_Model):
+    id: str = ""
+    object: str = "chat.completion"
+    created: int = 0
+    model: str = ""
+    choices: list[ChatChoice]
+    usage: ChatUsage | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# the client
+# ------------------------------------------------------------------------------------------------
+class EngineClient:
+    """Async client for one engine URL (SGLang server or the embedded engine).
+
+    Transport failures become :class:`EngineUnavailable` / :class:`EngineTimeout` and HTTP
+    errors :class:`EngineError`, so callers (the rollout manager's failover, GenRM's retries)
+    decide what to do with a small, typed set of failures. ``api_key`` is sent as a bearer
+    token, as SGLang's ``--api-key`` and the embedded engine's control endpoints expect.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 300.0,
+        connect_timeout_s: float = 5.0,
+        max_connections: int = 256,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _request(self, method: str, path: str, payload: BaseModel | dict[str, Any] | None = None,
+                       *, timeout_s: float | None = None) -> Any:
+        body = payload.model_dump(exclude_none=True) if isinstance(payload, BaseModel) else payload
+        url = self.base_url + path
+        kwargs: dict[str, Any] = {}
+        if timeout_s is not None:
+            kwargs["timeout"] = timeout_s
+        try:
+            resp = await self._client.request(method, path, json=body, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise EngineTimeout(url, f"timed out ({type(exc).__name__})") from None
+        except (httpx.TransportError, OSError) as exc:
+            raise EngineUnavailable(url, f"unreachable ({type(exc).__name__}: {exc})") from None
+        except asyncio.CancelledError:
+            raise
+        if resp.status_code >= 400:
+            detail = resp.text[:500]
+            raise EngineError(url, f"error reply: {detail}", resp.status_code)
+        if not resp.content:
+            return None
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    # -- generation ---------------------------------------------------------------------------
+    async def generate(self, request: GenerateRequest, *, timeout_s: float | None = None) -> GenerateResponse:
+        data = await self._request("POST", "/generate", request, timeout_s=timeout_s)
+        try:
+            return GenerateResponse.model_validate(data)
+        except Exception as exc:
+            raise EngineError(self.base_url + "/generate", f"unparseable reply: {exc}") from None
+
+    async def chat_completions(self, request: ChatCompletionRequest, *, timeout_s: float | None = None) -> ChatCompletionResponse:
+        data = await self._request("POST", "/v1/chat/completions", request, timeout_s=timeout_s)
+        try:
+            return ChatCompletionResponse.model_validate(data)
+        except Exception as exc:
+            raise EngineError(self.base_url + "/v1/chat/completions", f"unparseable reply: {exc}") from None
+
+    # -- health and control -------------------------------------------------------------------
+    async def health(self, *, timeout_s: float = 5.0) -> bool:
+        """True when ``/health`` answers 200; never raises."""
+        try:
+            await self._request("GET", "/health", timeout_s=timeout_s)
+            return True
+        except EngineError:
+            return False
+
+    async def model_info(self) -> ModelInfo:
+        return ModelInfo.model_validate(await self._request("GET", "/get_model_info"))
+
+    async def flush_cache(self) -> None:
+        await self._request("POST", "/flush_cache")
+
+    async def abort(self, rid: str | None = None) -> None:
+        """Abort one request, or every request when ``rid`` is None."""
+        await self._request("POST", "/abort_request", AbortRequest(rid=rid or "", abort_all=rid is None))
+
+    async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
+        await self._request("POST", "/pause_generation", PauseGenerationRequest(mode=mode))
+
+    async def continue_generation(self) -> None:
+        await self._request("POST", "/continue_generation", {})
+
+    async def update_weights_from_disk(self, request: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
+        out = UpdateWeightsResponse.model_validate(
+            await self._request("POST", "/update_weights_from_disk", request)
+        )
+        if not out.success:
+            raise EngineError(self.base_url + "/update_weights_from_disk", f"weight update failed: {out.message}")
+        return out
+
+    async def init_weights_update_group(self, request: InitWeightsUpdateGroupRequest) -> UpdateWeightsResponse:
+        return UpdateWeightsResponse.model_validate(
+            await self._request("POST", "/init_weights_update_group", request)
+        )
+
+    async def update_weights_from_distributed(self, request: UpdateWeightsFromDistributedRequest) -> UpdateWeightsResponse:
+        out = UpdateWeightsResponse.model_validate(
+            await self._request("POST", "/update_weights_from_distributed", request)
+        )
+        if not out.success:
+            raise EngineError(self.base_url + "/update_weights_from_distributed", f"weight update failed: {out.message}")
+        return out
+
+
+__all__ = [
+    "AbortRequest",
+    "ChatChoice",
+    "ChatCompletionRequest",
+    "ChatCompletionResponse",
+    "ChatLogprobs",
+    "ChatMessage",
+    "ChatTokenLogprob",
+    "ChatToolCall",
+    "ChatToolCallFunction",
+    "ChatUsage",
+    "EngineClient",
+    "EngineError",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "FinishReason",
+    "GenerateRequest",
+    "GenerateResponse",
+    "InitWeightsUpdateGroupRequest",
+    "MetaInfo",
+    "ModelInfo",
+    "PauseGenerationRequest",
+    "SamplingParams",
+    "UpdateWeightsFromDiskRequest",
+    "UpdateWeightsFromDistributedRequest",
+    "UpdateWeightsResponse",
+]
