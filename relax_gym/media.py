@@ -133,6 +133,7 @@ def load_audio(src: Any, *, sample_rate: int | None = None) -> tuple[np.ndarray,
     """Decode audio to a mono float32 waveform in [-1, 1]; resample if ``sample_rate`` is set."""
     data = read_source(src, "audio")
     where = describe_source(src)
+    _check_wav_truncation(data, where)
     try:
         wave_arr, sr = _decode_audio_soundfile(data, where)
     except ImportError:
@@ -145,6 +146,24 @@ def load_audio(src: Any, *, sample_rate: int | None = None) -> tuple[np.ndarray,
         wave_arr = resample_audio(wave_arr, sr, sample_rate)
         sr = sample_rate
     return wave_arr, sr
+
+
+def _check_wav_truncation(data: bytes, where: str) -> None:
+    """Decoders silently return the samples that are there; compare with the RIFF header."""
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk_id, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        if chunk_id == b"data":
+            if size in (0, 0xFFFFFFFF):  # streamed WAV: length unknown by design
+                return
+            have = len(data) - pos - 8
+            if have < size:
+                raise MediaError("audio", where, f"truncated: header says {size} data bytes, file holds {have}")
+            return
+        pos += 8 + size + (size & 1)
+    raise MediaError("audio", where, "truncated or malformed WAV: no complete data chunk")
 
 
 def _decode_audio_soundfile(data: bytes, where: str) -> tuple[np.ndarray, int]:
