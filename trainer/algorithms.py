@@ -1,0 +1,1124 @@
+"""RL algorithms for language models: advantages, policy losses, KL terms, off-policy correction.
+
+Everything here is a pure function over torch tensors: no model, no optimizer, no device or
+backend assumptions, so the plain-torch and megatron-core backends compute bit-identical losses.
+The module reads top to bottom, CleanRL style:
+
+1. :class:`AlgorithmConfig` -- every hyperparameter, its paper default and its meaning.
+2. Advantages -- GRPO (with or without the std, i.e. Dr.GRPO), RLOO, REINFORCE++-baseline,
+   KL folded into the reward, on-policy distillation; :func:`compute_advantages` picks one.
+3. KL estimators k1 / k2 / k3 (:func:`kl_estimate`).
+4. Train/rollout mismatch correction: TIS, MIS and the decoupled (AReaL) objective.
+5. Loss aggregation and the global-batch :class:`LossNormalizer`.
+6. Policy losses -- PPO-clip (clip-higher, dual-clip), GSPO, GSPO-token, SAPO, CISPO;
+   :func:`compute_policy_loss` assembles loss + KL + entropy + metrics for one micro-batch.
+7. Metric merging across micro-batches (:func:`merge_metrics`).
+
+Tensor conventions (B sequences, T response positions, right or left padded):
+
+- ``logprobs`` / ``old_logprobs`` / ``rollout_logprobs`` / ``ref_logprobs``: ``[B, T]`` float,
+  log-probability of the *sampled* token at each position.
+- ``mask``: ``[B, T]`` bool or 0/1, 1 on tokens the model generated and is trained on (env and
+  tool tokens of a multi-turn episode are 0). Padded positions may hold any value, even NaN or
+  inf: inputs are zeroed there before use, so garbage never reaches the loss or the gradient.
+- ``rewards``: ``[B]`` one scalar per sequence; ``group_ids``: ``[B]`` the prompt / env-seed
+  each sample belongs to. Groups are found by id, never by position, so a batch may interleave
+  or shuffle groups freely.
+- ``advantages``: ``[B, T]`` (sequence advantages broadcast to tokens by the mask).
+
+Typical use in a training step::
+
+    cfg = AlgorithmConfig(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean")
+    adv = compute_advantages(cfg, rewards, group_ids, mask).advantages
+    norm = LossNormalizer.from_mask(mask, cfg)          # once, over the WHOLE step's batch
+    metrics = {}
+    for mb in micro_batches:                             # any split, even uneven
+        out = compute_policy_loss(cfg, logprobs=model(mb), old_logprobs=mb.old,
+                                  advantages=adv[mb.rows], mask=mask[mb.rows],
+                                  normalizer=norm, rollout_logprobs=mb.rollout)
+        out.loss.backward()                              # no division by the micro-batch count
+        metrics = merge_metrics(metrics, out.metrics)
+    optimizer.step()
+
+The sum of the micro-batch losses equals the full-batch loss exactly (see
+:class:`LossNormalizer`), and merged metrics equal the full-batch metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import Tensor
+
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"]
+PolicyLoss = Literal["ppo", "gspo", "gspo_token", "sapo", "cispo"]
+LossAggMode = Literal[
+    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+]
+KLEstimator = Literal["k1", "k2", "k3"]
+RolloutCorrection = Literal["none", "tis", "mis", "decoupled"]
+ISLevel = Literal["token", "sequence", "geometric"]
+
+#: Log-ratios are clamped to +-LOG_RATIO_CLAMP before ``exp`` so that a wildly off-policy token
+#: gives a huge-but-finite ratio (and zero gradient past the clamp) instead of inf / NaN.
+LOG_RATIO_CLAMP = 20.0
+
+
+# =============================================================================================
+# 1. Config
+# =============================================================================================
+
+
+class AlgorithmConfig(BaseModel):
+    """Every algorithm hyperparameter, with the paper's default beside it.
+
+    The training config embeds this model (``algorithm:`` section). Unknown keys are rejected,
+    so a typo fails before any work starts, with an error naming the field.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # --- advantages ----------------------------------------------------------------------
+    advantage_estimator: AdvantageEstimator = Field(
+        "grpo",
+        description="grpo: (r-mean)/(std+eps) per group (DeepSeekMath). dr_grpo: r-mean, no "
+        "std (Dr.GRPO). rloo: r minus the mean of the other samples (RLOO). "
+        "reinforce_pp_baseline: r-mean per group, divided by the batch std (REINFORCE++).",
+    )
+    adv_eps: float = Field(
+        1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_pp_baseline)."
+    )
+    std_unbiased: bool = Field(
+        True, description="Bessel-corrected std (n-1), as torch.std; False uses the population std."
+    )
+
+    # --- policy loss -------------------------------------------------------------------------
+    policy_loss: PolicyLoss = Field("ppo", description="Which surrogate objective to optimise.")
+    clip_low: float = Field(
+        0.2, gt=0, lt=1, description="PPO ratio lower bound 1-clip_low (PPO, DAPO)."
+    )
+    clip_high: float = Field(
+        0.28, gt=0, description="PPO ratio upper bound 1+clip_high; 0.28 is DAPO's clip-higher."
+    )
+    dual_clip: float | None = Field(
+        3.0,
+        gt=1,
+        description="Dual-clip constant c (Ye et al. 2020): for A<0 the loss is capped at -c*A. "
+        "None disables it.",
+    )
+    gspo_clip_low: float = Field(
+        3e-4, gt=0, lt=1, description="GSPO sequence-ratio lower bound 1-eps (GSPO paper)."
+    )
+    gspo_clip_high: float = Field(
+        4e-4, gt=0, description="GSPO sequence-ratio upper bound 1+eps (GSPO paper)."
+    )
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="SAPO gate temperature for tokens with positive advantage."
+    )
+    sapo_tau_neg: float = Field(
+        1.05,
+        gt=0,
+        description="SAPO gate temperature for A<=0; larger than tau_pos so negative updates "
+        "decay faster off-policy (SAPO paper).",
+    )
+    cispo_clip_low: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="CISPO IS-weight lower bound 1-eps_low; 1.0 means no lower bound, as in "
+        "MiniMax-M1.",
+    )
+    cispo_clip_high: float = Field(
+        0.28,
+        gt=0,
+        description="CISPO IS-weight upper bound 1+eps_high (MiniMax-M1 tunes only this one).",
+    )
+
+    # --- aggregation ----------------------------------------------------------------------
+    loss_agg_mode: LossAggMode = Field(
+        "token-mean",
+        description="How token losses become one number; see LossNormalizer. GSPO's paper uses "
+        "seq-mean-token-mean, Dr.GRPO uses seq-mean-token-sum-norm.",
+    )
+    loss_norm_length: int | None = Field(
+        None,
+        ge=1,
+        description="Constant L of seq-mean-token-sum-norm (Dr.GRPO): set it to the generation "
+        "budget (max_new_tokens). None uses the padded response length of the batch.",
+    )
+
+    # --- KL to a reference policy ---------------------------------------------------------------
+    kl_loss_coef: float = Field(
+        0.0, ge=0, description="beta of the KL-to-reference loss term (GRPO uses 0.04); 0 = off."
+    )
+    kl_loss_estimator: KLEstimator = Field(
+        "k3", description="Estimator for the KL loss term (GRPO uses k3)."
+    )
+    kl_reward_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta of the KL penalty folded into the reward: r - beta*sum_t kl_t; 0 = off.",
+    )
+    kl_reward_estimator: KLEstimator = Field(
+        "k1", description="Estimator for the in-reward KL penalty (PPO-RLHF uses k1)."
+    )
+
+    # --- on-policy distillation -----------------------------------------------------------
+    distill_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Coefficient of the per-token reverse KL to a teacher subtracted from the "
+        "advantage; 0 = off.",
+    )
+
+    # --- entropy ------------------------------------------------------------------------------
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Entropy bonus: loss -= coef * aggregated entropy; 0 = off."
+    )
+
+    # --- train/rollout mismatch correction ------------------------------------------------------
+    rollout_correction: RolloutCorrection = Field(
+        "none",
+        description="Weight the loss by pi_old/pi_rollout. tis: truncate at tis_cap (TIS). "
+        "mis: zero weights outside [mis_low, mis_high] (MIS). decoupled: untruncated weight, "
+        "tokens above decoupled_cap dropped (AReaL's decoupled PPO).",
+    )
+    rollout_is_level: ISLevel = Field(
+        "token",
+        description="token: one weight per token. sequence: product over the sequence. "
+        "geometric: geometric mean over the sequence (length-normalised).",
+    )
+    tis_cap: float = Field(2.0, gt=0, description="TIS truncation cap C (Yao et al. 2025).")
+    mis_low: float = Field(0.5, ge=0, description="MIS lower bound on the IS weight.")
+    mis_high: float = Field(2.0, gt=0, description="MIS upper bound on the IS weight.")
+    decoupled_cap: float | None = Field(
+        None,
+        gt=0,
+        description="Decoupled objective: drop tokens whose behaviour IS weight exceeds this; "
+        "None keeps all.",
+    )
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> AlgorithmConfig:
+        if self.mis_low >= self.mis_high:
+            raise ValueError(
+                f"mis_low ({self.mis_low}) must be smaller than mis_high ({self.mis_high})"
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1.0 + self.clip_high:
+            raise ValueError(
+                f"dual_clip ({self.dual_clip}) must exceed 1 + clip_high ({1.0 + self.clip_high}); "
+                "use dual_clip: null to disable dual-clip"
+            )
+        return self
+
+
+# =============================================================================================
+# Small helpers
+# =============================================================================================
+
+
+def _as_mask(mask: Tensor) -> Tensor:
+    """A bool ``[B, T]`` mask from a bool or 0/1 tensor."""
+    if mask.dim() != 2:
+        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def _float(x: Tensor) -> Tensor:
+    """Compute in at least float32 (bf16/fp16 logprobs lose the ratio's precision)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def _masked(x: Tensor, mask: Tensor, name: str) -> Tensor:
+    """Check the shape, upcast, and zero padded positions (which may hold NaN/inf)."""
+    if x.shape != mask.shape:
+        raise ValueError(f"{name} has shape {tuple(x.shape)}, mask has {tuple(mask.shape)}")
+    x = _float(x)
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Per-sequence mean over masked tokens, ``[B]``; 0 for a sequence with no tokens."""
+    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _group_index(group_ids: Tensor | Sequence[Hashable], n: int) -> tuple[Tensor, int]:
+    """Map arbitrary group ids to ``0..G-1``; returns (index ``[B]``, G)."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.dim() != 1 or group_ids.numel() != n:
+            raise ValueError(f"group_ids must be [B] with B={n}, got {tuple(group_ids.shape)}")
+        uniq, index = torch.unique(group_ids, return_inverse=True)
+        return index, int(uniq.numel())
+    ids = list(group_ids)
+    if len(ids) != n:
+        raise ValueError(f"group_ids has {len(ids)} entries, rewards has {n}")
+    lookup: dict[Hashable, int] = {}
+    index_list = [lookup.setdefault(g, len(lookup)) for g in ids]
+    return torch.tensor(index_list, dtype=torch.long), len(lookup)
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-sample view of its group: size, mean, std and whether all rewards are equal."""
+
+    size: Tensor  # [B] number of samples in the sample's group
+    mean: Tensor  # [B] group mean reward
+    std: Tensor  # [B] group std (0 for singletons)
+    constant: Tensor  # [B] bool: every reward in the group is identical (incl. singletons)
+
+
+def group_stats(
+    rewards: Tensor, group_ids: Tensor | Sequence[Hashable], *, unbiased: bool = True
+) -> GroupStats:
+    """Group statistics broadcast back to samples, computed in float64.
+
+    Zero variance is detected exactly (group max == group min), not by comparing the std with
+    an epsilon, so a group of identical rewards never yields rounding noise divided by eps.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be [B], got shape {tuple(rewards.shape)}")
+    if not torch.isfinite(rewards).all():
+        bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
+        raise ValueError(f"rewards must be finite; NaN/inf at indices {bad}")
+    r = rewards.detach().to(torch.float64)
+    index, n_groups = _group_index(group_ids, r.numel())
+    index = index.to(r.device)
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
+    count = zeros.index_add(0, index, torch.ones_like(r))
+    mean = zeros.index_add(0, index, r) / count
+    sq_dev = zeros.index_add(0, index, (r - mean[index]) ** 2)
+    denom = (count - 1.0) if unbiased else count
+    std = torch.where(count > 1, sq_dev / denom.clamp(min=1.0), zeros).sqrt()
+    gmax = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)
+    gmin = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)
+    return GroupStats(
+        size=count[index], mean=mean[index], std=std[index], constant=(gmax == gmin)[index]
+    )
+
+
+def zero_variance_groups(rewards: Tensor, group_ids: Tensor | Sequence[Hashable]) -> Tensor:
+    """``[B]`` bool, True where the sample's group has identical rewards (no learning signal).
+
+    Dynamic sampling (DAPO) drops these groups and samples more prompts until the batch is full.
+    """
+    return group_stats(rewards, group_ids).constant
+
+
+# =============================================================================================
+# 2. Advantages
+# =============================================================================================
+
+
+def _to_tokens(seq_adv: Tensor, mask: Tensor, like: Tensor) -> Tensor:
+    """Broadcast ``[B]`` sequence advantages to ``[B, T]`` tokens (0 off the mask)."""
+    mask = _as_mask(mask)
+    if mask.shape[0] != seq_adv.shape[0]:
+        raise ValueError(f"mask has {mask.shape[0]} rows, rewards has {seq_adv.shape[0]}")
+    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
+    return seq_adv.to(device=mask.device, dtype=dtype)[:, None] * mask.to(dtype)
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Hashable],
+    mask: Tensor,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> Tensor:
+    """Group-relative advantages (GRPO, "DeepSeekMath", Shao et al. 2024).
+
+    ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)`` with g the group of sample i.
+    ``normalize_std=False`` gives Dr.GRPO ("Understanding R1-Zero-Like Training: A Critical
+    Perspective", Liu et al. 2025): ``A_i = r_i - mean_g(r)``, which removes the bias towards
+    groups of low reward variance (too easy or too hard prompts).
+
+    Explicit edge cases: a group of size 1 has no baseline and gets A = 0; a group whose rewards
+    are all equal gets exactly A = 0 (no eps-scaled rounding noise). Returns ``[B, T]``.
+    """
+    stats = group_stats(rewards, group_ids, unbiased=unbiased)
+    adv = rewards.detach().to(torch.float64) - stats.mean
+    if normalize_std:
+        adv = adv / (stats.std + eps)
+    adv = torch.where(stats.constant, torch.zeros_like(adv), adv)
+    return _to_tokens(adv, mask, rewards)
+
+
+def rloo_advantages(
+    rewards: Tensor, group_ids: Tensor | Sequence[Hashable], mask: Tensor
+) -> Tensor:
+    """REINFORCE Leave-One-Out ("Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs", Ahmadian et al. 2024; Kool et al. 2019).
+
+    ``A_i = r_i - 1/(G-1) * sum_{j != i} r_j = G/(G-1) * (r_i - mean_g(r))``: an unbiased
+    baseline that excludes the sample itself. A group of size 1 gets A = 0. Returns ``[B, T]``.
+    """
+    stats = group_stats(rewards, group_ids)
+    r = rewards.detach().to(torch.float64)
+    g = stats.size
+    adv = torch.where(g > 1, g / (g - 1).clamp(min=1) * (r - stats.mean), torch.zeros_like(r))
+    adv = torch.where(stats.constant, torch.zeros_like(adv), adv)
+    return _to_tokens(adv, mask, rewards)
+
+
+def reinforce_pp_baseline_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Hashable],
+    mask: Tensor,
+    *,
+    eps: float = 1e-6,
+    unbiased: bool = True,
+) -> Tensor:
+    """REINFORCE++-baseline ("REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both
+    Prompt and Reward Models", Hu et al. 2025).
+
+    ``A~_i = r_i - mean_g(r)`` then global normalisation over the whole batch:
+    ``A_i = (A~_i - mean_batch(A~)) / (std_batch(A~) + eps)``. Over samples
+    ``mean_batch(A~) = 0`` exactly (each group's deviations sum to zero), so this is a pure
+    rescale and zero-variance and singleton groups keep A = 0. If every group has zero variance
+    the whole batch gets A = 0. Call it on the full batch, never per micro-batch.
+    """
+    stats = group_stats(rewards, group_ids, unbiased=unbiased)
+    centred = torch.where(
+        stats.constant, torch.zeros_like(stats.mean), rewards.detach().to(torch.float64) - stats.mean
+    )
+    if centred.numel() < 2 or bool((centred == 0).all()):
+        return _to_tokens(torch.zeros_like(centred), mask, rewards)
+    adv = centred / (centred.std(unbiased=unbiased) + eps)
+    return _to_tokens(adv, mask, rewards)
+
+
+def kl_penalized_rewards(
+    rewards: Tensor,
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    coef: float,
+    estimator: KLEstimator = "k1",
+) -> Tensor:
+    """KL folded into the reward (InstructGPT-style): ``r'_i = r_i - coef * sum_t kl_{i,t}``.
+
+    ``logprobs`` are the sampling policy's (rollout/old) logprobs, ``ref_logprobs`` the frozen
+    reference's, both without gradient. Returns ``[B]`` rewards for any advantage estimator.
+    """
+    mask = _as_mask(mask)
+    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), mask, estimator)
+    return rewards - coef * kl.sum(-1).to(rewards.dtype)
+
+
+def distillation_advantages(
+    advantages: Tensor,
+    student_logprobs: Tensor,
+    teacher_logprobs: Tensor,
+    mask: Tensor,
+    *,
+    coef: float = 1.0,
+) -> Tensor:
+    """On-policy distillation ("On-Policy Distillation", Thinking Machines 2025; GKD, Agarwal
+    et al. 2024): the per-token reverse KL to a teacher becomes a dense negative reward.
+
+    ``A'_{i,t} = A_{i,t} - coef * (log pi_student(y_t) - log pi_teacher(y_t))`` on the student's
+    own samples; the single-sample estimate of ``KL(pi_student || pi_teacher)``. With zero RL
+    advantage this is pure distillation. Student logprobs are the rollout ones (no gradient).
+    """
+    mask = _as_mask(mask)
+    reverse_kl = _masked(student_logprobs.detach(), mask, "student_logprobs") - _masked(
+        teacher_logprobs.detach(), mask, "teacher_logprobs"
+    )
+    return advantages - coef * reverse_kl.to(advantages.dtype)
+
+
+@dataclass(frozen=True)
+class AdvantageOutput:
+    """Token advantages ``[B, T]`` plus batch metrics (floats, for logging)."""
+
+    advantages: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def compute_advantages(
+    config: AlgorithmConfig,
+    rewards: Tensor,
+    group_ids: Tensor | Sequence[Hashable],
+    mask: Tensor,
+    *,
+    logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    teacher_logprobs: Tensor | None = None,
+) -> AdvantageOutput:
+    """Advantages for a whole batch as the config says, in this order:
+
+    1. fold the reference KL into the reward (``kl_reward_coef > 0``; needs ``logprobs``, the
+       rollout policy's, and ``ref_logprobs``);
+    2. the configured group estimator;
+    3. subtract the teacher's reverse KL (``distill_coef > 0``; needs ``logprobs`` and
+       ``teacher_logprobs``).
+    """
+    mask = _as_mask(mask)
+    metrics: dict[str, float] = {
+        "reward_mean": float(rewards.double().mean()),
+        # on the raw rewards: the KL penalty would make almost every group non-constant
+        "zero_variance_group_frac": float(zero_variance_groups(rewards, group_ids).double().mean()),
+    }
+    if config.kl_reward_coef > 0:
+        if logprobs is None or ref_logprobs is None:
+            raise ValueError("kl_reward_coef > 0 needs logprobs and ref_logprobs")
+        penalized = kl_penalized_rewards(
+            rewards.double(),
+            logprobs,
+            ref_logprobs,
+            mask,
+            coef=config.kl_reward_coef,
+            estimator=config.kl_reward_estimator,
+        )
+        metrics["kl_reward_penalty_mean"] = float((rewards.double() - penalized).mean())
+        rewards = penalized
+    est = config.advantage_estimator
+    if est in ("grpo", "dr_grpo"):
+        adv = grpo_advantages(
+            rewards,
+            group_ids,
+            mask,
+            normalize_std=est == "grpo",
+            eps=config.adv_eps,
+            unbiased=config.std_unbiased,
+        )
+    elif est == "rloo":
+        adv = rloo_advantages(rewards, group_ids, mask)
+    else:
+        adv = reinforce_pp_baseline_advantages(
+            rewards, group_ids, mask, eps=config.adv_eps, unbiased=config.std_unbiased
+        )
+    if config.distill_coef > 0:
+        if logprobs is None or teacher_logprobs is None:
+            raise ValueError("distill_coef > 0 needs logprobs and teacher_logprobs")
+        adv = distillation_advantages(
+            adv, logprobs, teacher_logprobs, mask, coef=config.distill_coef
+        )
+        reverse_kl = _masked(logprobs.detach(), mask, "logprobs") - _masked(
+            teacher_logprobs.detach(), mask, "teacher_logprobs"
+        )
+        metrics["distill_reverse_kl"] = float(reverse_kl.sum() / mask.sum().clamp(min=1))
+    return AdvantageOutput(advantages=adv, metrics=metrics)
+
+
+# =============================================================================================
+# 3. KL estimators
+# =============================================================================================
+
+
+def kl_estimate(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: KLEstimator = "k3"
+) -> Tensor:
+    """Per-token estimate of ``KL(pi || pi_ref)`` from tokens sampled from ``pi`` ("Approximating
+    KL Divergence", Schulman 2020). With ``log r = log pi_ref - log pi``:
+
+    - ``k1 = -log r``: unbiased, high variance, can be negative (the classic in-reward penalty);
+    - ``k2 = (log r)^2 / 2``: biased but low variance; its gradient is the KL's gradient;
+    - ``k3 = (r - 1) - log r``: unbiased, always >= 0, low variance (GRPO's KL loss).
+
+    Gradients flow through ``logprobs``. ``log r`` is clamped to +-LOG_RATIO_CLAMP for k3's exp.
+    Returns ``[B, T]`` with zeros off the mask.
+    """
+    mask = _as_mask(mask)
+    log_r = _masked(ref_logprobs, mask, "ref_logprobs") - _masked(logprobs, mask, "logprobs")
+    if estimator == "k1":
+        kl = -log_r
+    elif estimator == "k2":
+        kl = 0.5 * log_r**2
+    elif estimator == "k3":
+        log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl = torch.expm1(log_r) - log_r
+    else:
+        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: 'k1', 'k2', 'k3'")
+    return torch.where(mask, kl, torch.zeros_like(kl))
+
+
+# =============================================================================================
+# 4. Train/rollout mismatch correction
+# =============================================================================================
+
+
+def importance_log_weights(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, level: ISLevel = "token"
+) -> Tensor:
+    """Log IS weights ``log pi_old - log pi_rollout``, ``[B, T]``, no gradient.
+
+    ``pi_old`` is the trainer's proximal policy (its own recompute of the logprobs),
+    ``pi_rollout`` the behaviour policy that sampled (the inference engine; possibly stale).
+    ``level="sequence"`` puts the sequence's summed log weight (the product of the token ratios)
+    on every token; ``"geometric"`` puts its mean (the geometric mean of the token ratios).
+    """
+    mask = _as_mask(mask)
+    log_w = _masked(old_logprobs.detach(), mask, "old_logprobs") - _masked(
+        rollout_logprobs.detach(), mask, "rollout_logprobs"
+    )
+    if level == "sequence":
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
+    elif level == "geometric":
+        log_w = _seq_mean(log_w, mask)[:, None].expand_as(log_w)
+    elif level != "token":
+        raise ValueError(f"unknown IS level {level!r}; allowed: 'token', 'sequence', 'geometric'")
+    return torch.where(mask, log_w, torch.zeros_like(log_w))
+
+
+@dataclass(frozen=True)
+class ISWeights:
+    """IS weights to multiply the token losses by, and which tokens they changed."""
+
+    weights: Tensor  # [B, T], detached; 0 on dropped tokens
+    raw: Tensor  # [B, T] untruncated weights exp(log_w)
+    truncated: Tensor  # [B, T] bool: weight lowered to the cap (TIS)
+    dropped: Tensor  # [B, T] bool: token removed from the loss (MIS / decoupled cap)
+
+
+def truncated_is_weights(log_w: Tensor, mask: Tensor, cap: float = 2.0) -> ISWeights:
+    """Truncated importance sampling (TIS; "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training", Yao et al. 2025): ``w = min(pi_old / pi_rollout, C)``.
+
+    The loss of every token is multiplied by ``w``, correcting for the engine sampling from a
+    slightly different distribution than the trainer computes, with variance bounded by C.
+    """
+    mask = _as_mask(mask)
+    raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
+    truncated = mask & (raw > cap)
+    weights = torch.where(mask, raw.clamp(max=cap), torch.zeros_like(raw))
+    return ISWeights(weights, raw, truncated, torch.zeros_like(mask))
+
+
+def masked_is_weights(
+    log_w: Tensor, mask: Tensor, low: float | None = 0.5, high: float | None = 2.0
+) -> ISWeights:
+    """Masked importance sampling (MIS; "When Speed Kills Stability: Demystifying RL Collapse
+    from the Training-Inference Mismatch", Liu et al. 2025): ``w = rho`` if
+    ``low <= rho <= high`` else 0 (the token, or with a sequence-level ``log_w`` the whole
+    sequence, is dropped from the gradient instead of being truncated). ``None`` = no bound.
+
+    Dropped tokens still count in the global normaliser, so the normaliser stays a property of
+    the batch's masks and the micro-batch split cannot change the loss.
+    """
+    mask = _as_mask(mask)
+    raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
+    keep = mask.clone()
+    if low is not None:
+        keep &= raw >= low
+    if high is not None:
+        keep &= raw <= high
+    weights = torch.where(keep, raw, torch.zeros_like(raw))
+    return ISWeights(weights, raw, torch.zeros_like(mask), mask & ~keep)
+
+
+def rollout_correction_weights(
+    config: AlgorithmConfig, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
+) -> ISWeights:
+    """The configured correction between the proximal/old policy and the behaviour policy.
+
+    - ``tis``: :func:`truncated_is_weights` with ``tis_cap``;
+    - ``mis``: :func:`masked_is_weights` with ``[mis_low, mis_high]``;
+    - ``decoupled``: the decoupled PPO objective ("AReaL: A Large-Scale Asynchronous
+      Reinforcement Learning System for Language Reasoning", Fu et al. 2025; Hilton et al.
+      2022): the surrogate clips against the *proximal* policy (pass it as ``old_logprobs``)
+      and every token is weighted by the untruncated ``pi_prox / pi_behav``; tokens whose weight
+      exceeds ``decoupled_cap`` are dropped.
+    """
+    log_w = importance_log_weights(old_logprobs, rollout_logprobs, mask, config.rollout_is_level)
+    mode = config.rollout_correction
+    if mode == "tis":
+        return truncated_is_weights(log_w, mask, config.tis_cap)
+    if mode == "mis":
+        return masked_is_weights(log_w, mask, config.mis_low, config.mis_high)
+    if mode == "decoupled":
+        return masked_is_weights(log_w, mask, None, config.decoupled_cap)
+    raise ValueError(f"rollout_correction {mode!r} has no weights; allowed: tis, mis, decoupled")
+
+
+# =============================================================================================
+# 5. Loss aggregation and the global normaliser
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class LossNormalizer:
+    """Denominators of the loss, fixed from the WHOLE batch of one optimizer step.
+
+    Build it once from the step's full mask (across all micro-batches, and all data-parallel
+    ranks: sum their counts), then pass it to every micro-batch's loss call. Each micro-batch
+    loss divides by these global counts, so summing micro-batch losses (plain gradient
+    accumulation, no ``/ n_micro``) gives exactly the full-batch loss however the batch is cut.
+    With DDP averaging gradients over R ranks, multiply each rank's loss by R.
+
+    With ``l`` the token losses, ``m`` the mask, ``N`` the global number of sequences that have
+    at least one loss token and ``n_i = sum_t m_{i,t}``:
+
+    - ``token-mean``:              ``sum_{i,t} m l / sum_{i,t} m``  (DAPO; long answers weigh more)
+    - ``seq-mean-token-mean``:     ``1/N sum_i (sum_t m l / n_i)``  (GRPO / GSPO papers)
+    - ``seq-mean-token-sum``:      ``1/N sum_i sum_t m l``
+    - ``seq-mean-token-sum-norm``: ``1/(N L) sum_i sum_t m l``, L a constant (Dr.GRPO: the
+      generation budget), so no length bias and a stable scale across steps.
+
+    ``n_i`` is local to a sequence, and micro-batches cut between sequences, never inside one.
+    An empty batch (no loss tokens) yields a loss of 0.
+    """
+
+    mode: LossAggMode
+    num_tokens: float
+    num_seqs: float
+    norm_length: float
+
+    @classmethod
+    def from_mask(
+        cls,
+        mask: Tensor,
+        config: AlgorithmConfig | None = None,
+        *,
+        mode: LossAggMode | None = None,
+        norm_length: int | None = None,
+    ) -> LossNormalizer:
+        """Count tokens and sequences of the full batch's ``[B, T]`` mask.
+
+        ``mode`` / ``norm_length`` default to the config's ``loss_agg_mode`` /
+        ``loss_norm_length``; the norm length falls back to the mask's width T.
+        """
+        mask = _as_mask(mask)
+        cfg = config or AlgorithmConfig()
+        mode = mode or cfg.loss_agg_mode
+        length = norm_length or cfg.loss_norm_length or mask.shape[-1]
+        per_seq = mask.sum(-1)
+        return cls(
+            mode=mode,
+            num_tokens=float(per_seq.sum()),
+            num_seqs=float((per_seq > 0).sum()),
+            norm_length=float(length),
+        )
+
+    def aggregate(self, values: Tensor, mask: Tensor) -> Tensor:
+        """One scalar from ``[B, T]`` token values of (part of) the batch, per :attr:`mode`."""
+        mask = _as_mask(mask)
+        v = _masked(values, mask, "values")
+        if self.mode == "token-mean":
+            return v.sum() / max(self.num_tokens, 1.0)
+        seq_sum = v.sum(-1)
+        if self.mode == "seq-mean-token-mean":
+            seq_val = seq_sum / mask.sum(-1).clamp(min=1)
+        elif self.mode == "seq-mean-token-sum":
+            seq_val = seq_sum
+        elif self.mode == "seq-mean-token-sum-norm":
+            seq_val = seq_sum / self.norm_length
+        else:
+            raise ValueError(f"unknown loss_agg_mode {self.mode!r}")
+        return seq_val.sum() / max(self.num_seqs, 1.0)
+
+    def token_mean(self, values: Tensor, mask: Tensor) -> Tensor:
+        """This part's share of the global token mean: ``sum m v / global token count``.
+
+        Used for metrics, so summing micro-batch metrics gives the full-batch mean.
+        """
+        mask = _as_mask(mask)
+        return _masked(values, mask, "values").sum() / max(self.num_tokens, 1.0)
+
+
+# =============================================================================================
+# 6. Policy losses
+# =============================================================================================
+
+
+@dataclass(frozen=True)
+class PolicyLossTerms:
+    """Per-token loss ``[B, T]`` (unreduced, not yet IS-weighted) and where clipping acted."""
+
+    loss: Tensor
+    clipped_low: Tensor | None = None  # bool [B, T]
+    clipped_high: Tensor | None = None
+    clipped_dual: Tensor | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)  # [B, T] per-token diagnostics
+
+
+def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    return (
+        _masked(logprobs, mask, "logprobs") - _masked(old_logprobs.detach(), mask, "old_logprobs")
+    ).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, low: float, high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``max(-A r, -A clip(r, 1-low, 1+high))`` and the bool maps of the two clipped regions."""
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - low, 1.0 + high))
+    return loss, (adv < 0) & (ratio < 1.0 - low), (adv > 0) & (ratio > 1.0 + high)
+
+
+def ppo_clip_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    dual_clip: float | None = 3.0,
+) -> PolicyLossTerms:
+    """PPO-clip ("Proximal Policy Optimization Algorithms", Schulman et al. 2017) with DAPO's
+    decoupled clip-higher ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale",
+    Yu et al. 2025) and dual-clip ("Mastering Complex Control in MOBA Games with Deep
+    Reinforcement Learning", Ye et al. 2020).
+
+    ``r = exp(log pi - log pi_old)``,
+    ``l = max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``, and for ``A < 0`` with dual-clip
+    ``l = min(l, -c A)``: a token with negative advantage and a huge ratio contributes a bounded
+    loss (and no gradient) instead of an unbounded one.
+
+    Regions (zero gradient): ``A>0, r>1+eps_high`` (high); ``A<0, r<1-eps_low`` (low);
+    ``A<0, r>c`` (dual).
+    """
+    mask = _as_mask(mask)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    adv = _masked(advantages.detach(), mask, "advantages")
+    loss, low, high = _clipped_surrogate(ratio, adv, clip_low, clip_high)
+    dual = torch.zeros_like(mask)
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+        dual = (adv < 0) & (ratio > dual_clip)
+    return PolicyLossTerms(loss, low & mask, high & mask, dual & mask, {"ratio": ratio})
+
+
+def gspo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+    token_level: bool = False,
+) -> PolicyLossTerms:
+    """GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025).
+
+    Sequence ratio, length-normalised: ``s_i = (pi(y_i)/pi_old(y_i))^(1/|y_i|)
+    = exp(1/|y_i| sum_t (log pi - log pi_old))`` -- the geometric mean of the token ratios.
+    ``l_i = max(-A_i s_i, -A_i clip(s_i, 1-eps_low, 1+eps_high))`` with ``A_i`` the sequence's
+    advantage (masked mean of the token advantages); ``l_i`` is placed on each of the sequence's
+    tokens, so ``seq-mean-token-mean`` aggregation gives the paper's ``1/G sum_i l_i``.
+
+    ``token_level=True`` is GSPO-token: ``s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]`` has the
+    value of ``s_i`` but the gradient ``s_i grad log pi(y_t)``, and token advantages ``A_{i,t}``
+    may differ within a sequence. With equal token advantages it matches GSPO in value and
+    gradient under ``seq-mean-token-mean``.
+    """
+    mask = _as_mask(mask)
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    log_s = _seq_mean(log_ratio, mask)  # [B]
+    adv = _masked(advantages.detach(), mask, "advantages")
+    if token_level:
+        lp = _masked(logprobs, mask, "logprobs")
+        log_s_tok = log_s.detach()[:, None] + lp - lp.detach()
+        ratio = torch.exp(log_s_tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        loss, low, high = _clipped_surrogate(ratio, adv, clip_low, clip_high)
+    else:
+        s = torch.exp(log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        seq_adv = _seq_mean(adv, mask)
+        seq_loss, seq_low, seq_high = _clipped_surrogate(s, seq_adv, clip_low, clip_high)
+        loss = seq_loss[:, None].expand_as(adv)
+        low, high = seq_low[:, None].expand_as(mask), seq_high[:, None].expand_as(mask)
+        ratio = s[:, None].expand_as(adv)
+    return PolicyLossTerms(loss, low & mask, high & mask, None, {"ratio": ratio})
+
+
+def sapo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+) -> PolicyLossTerms:
+    """SAPO ("Soft Adaptive Policy Optimization", Gao et al. 2025): a smooth gate instead of
+    the hard clip.
+
+    ``f(r) = 4/tau * sigmoid(tau (r - 1))``, ``l = -f(r) A``, ``tau = tau_pos`` if ``A > 0`` else
+    ``tau_neg``. The gradient is ``w(r) A grad r`` with ``w = 4 sigmoid(x)(1 - sigmoid(x))``,
+    ``x = tau (r - 1)``: ``w(1) = 1`` (exactly the policy gradient on-policy) and ``w`` decays
+    smoothly as the token drifts off-policy, faster for negative advantages (tau_neg > tau_pos).
+    The per-token gate weight ``w`` is returned as the ``gate_weight`` diagnostic.
+    """
+    mask = _as_mask(mask)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    adv = _masked(advantages.detach(), mask, "advantages")
+    tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0))
+    loss = -(4.0 / tau) * gate * adv
+    weight = (4.0 * gate * (1.0 - gate)).detach()
+    return PolicyLossTerms(loss, extra={"ratio": ratio, "gate_weight": weight})
+
+
+def cispo_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 1.0,
+    clip_high: float = 0.28,
+) -> PolicyLossTerms:
+    """CISPO ("MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention",
+    MiniMax 2025): clip the IS weight, not the update.
+
+    ``l = -sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi(y_t)``. Every token keeps a gradient
+    (``-w A grad log pi``), including the rare low-probability "fork" tokens that PPO's clip
+    would silence. Regions where the weight was clipped are reported as low / high.
+    """
+    mask = _as_mask(mask)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    adv = _masked(advantages.detach(), mask, "advantages")
+    weight = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = -weight * adv * _masked(logprobs, mask, "logprobs")
+    low = mask & (ratio < 1.0 - clip_low)
+    high = mask & (ratio > 1.0 + clip_high)
+    return PolicyLossTerms(loss, low, high, None, {"ratio": ratio})
+
+
+def policy_loss_terms(
+    config: AlgorithmConfig,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+) -> PolicyLossTerms:
+    """Dispatch to the configured surrogate with the config's hyperparameters."""
+    name = config.policy_loss
+    if name == "ppo":
+        return ppo_clip_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            dual_clip=config.dual_clip,
+        )
+    if name in ("gspo", "gspo_token"):
+        return gspo_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=config.gspo_clip_low,
+            clip_high=config.gspo_clip_high,
+            token_level=name == "gspo_token",
+        )
+    if name == "sapo":
+        return sapo_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            tau_pos=config.sapo_tau_pos,
+            tau_neg=config.sapo_tau_neg,
+        )
+    if name == "cispo":
+        return cispo_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            clip_low=config.cispo_clip_low,
+            clip_high=config.cispo_clip_high,
+        )
+    raise ValueError(f"unknown policy_loss {name!r}; allowed: ppo, gspo, gspo_token, sapo, cispo")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """The micro-batch loss to ``backward()`` and its metrics (detached 0-dim tensors).
+
+    Metric names ending in ``_max`` / ``_min`` merge by max / min; all others are this
+    micro-batch's share of a full-batch quantity and merge by sum (see :func:`merge_metrics`).
+    """
+
+    loss: Tensor
+    metrics: dict[str, Tensor]
+
+
+def compute_policy_loss(
+    config: AlgorithmConfig,
+    *,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    normalizer: LossNormalizer,
+    rollout_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropies: Tensor | None = None,
+) -> LossOutput:
+    """Total loss of one micro-batch: surrogate (IS-corrected) + KL term - entropy bonus.
+
+    ``loss = agg(w * l_policy) + kl_loss_coef * agg(kl(pi, pi_ref)) - entropy_coef * agg(H)``
+
+    where ``agg`` is ``normalizer.aggregate`` and ``w`` the rollout-correction weights (1 when
+    ``rollout_correction == "none"``).
+
+    Args:
+        logprobs: ``[b, T]`` current policy, with gradient.
+        old_logprobs: ``[b, T]`` proximal/old policy the surrogate clips against (the trainer's
+            recompute; for strictly on-policy single-update training it may be
+            ``logprobs.detach()``).
+        advantages: ``[b, T]`` from :func:`compute_advantages` (rows of this micro-batch).
+        mask: ``[b, T]`` loss mask.
+        normalizer: built once from the full batch with :meth:`LossNormalizer.from_mask`.
+        rollout_logprobs: ``[b, T]`` behaviour (engine) logprobs; needed by any correction, and
+            when given the train/rollout gap is reported.
+        ref_logprobs: ``[b, T]`` reference policy, needed when ``kl_loss_coef > 0``; when given
+            the KL is reported.
+        entropies: ``[b, T]`` per-token entropy of the current policy, needed when
+            ``entropy_coef > 0``; when given its mean is reported.
+
+    Metrics: ``loss``, ``pg_loss``, ``clipfrac_low/high/dual`` (fraction of loss tokens in each
+    clipped region), ``approx_kl`` (k3 of KL(pi_old || pi)), ``ratio_mean``, ``ratio_max``;
+    with rollout logprobs ``rollout_gap_mean`` / ``rollout_gap_max`` (|log pi_old - log
+    pi_rollout|); with a correction ``is_weight_mean/min/max`` (raw weights),
+    ``is_truncated_frac``, ``is_dropped_frac``; ``kl_ref``, ``kl_loss``; ``entropy``; SAPO adds
+    ``sapo_gate_weight_mean``.
+    """
+    mask = _as_mask(mask)
+    if normalizer.mode != config.loss_agg_mode:
+        raise ValueError(
+            f"normalizer mode {normalizer.mode!r} differs from loss_agg_mode "
+            f"{config.loss_agg_mode!r}; build it with LossNormalizer.from_mask(mask, config)"
+        )
+    terms = policy_loss_terms(config, logprobs, old_logprobs, advantages, mask)
+    token_loss = terms.loss
+    metrics: dict[str, Tensor] = {}
+    n_tok = int(mask.sum())
+
+    def share(x: Tensor) -> Tensor:
+        return normalizer.token_mean(x.detach().to(token_loss.dtype), mask)
+
+    if rollout_logprobs is not None:
+        gap = (
+            _masked(old_logprobs.detach(), mask, "old_logprobs")
+            - _masked(rollout_logprobs.detach(), mask, "rollout_logprobs")
+        ).abs()
+        metrics["rollout_gap_mean"] = share(gap)
+        if n_tok:
+            metrics["rollout_gap_max"] = gap[mask].max()
+    if config.rollout_correction != "none":
+        if rollout_logprobs is None:
+            raise ValueError(
+                f"rollout_correction={config.rollout_correction!r} needs rollout_logprobs "
+                "(the inference engine's logprobs of the sampled tokens)"
+            )
+        isw = rollout_correction_weights(config, old_logprobs, rollout_logprobs, mask)
+        token_loss = token_loss * isw.weights.to(token_loss.dtype)
+        metrics["is_weight_mean"] = share(isw.raw)
+        metrics["is_truncated_frac"] = share(isw.truncated.float())
+        metrics["is_dropped_frac"] = share(isw.dropped.float())
+        if n_tok:
+            metrics["is_weight_min"] = isw.raw[mask].min()
+            metrics["is_weight_max"] = isw.raw[mask].max()
+
+    pg_loss = normalizer.aggregate(token_loss, mask)
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss.detach()
+    for name, region in (
+        ("clipfrac_low", terms.clipped_low),
+        ("clipfrac_high", terms.clipped_high),
+        ("clipfrac_dual", terms.clipped_dual),
+    ):
+        if region is not None:
+            metrics[name] = share(region.float())
+    ratio = terms.extra["ratio"]
+    metrics["ratio_mean"] = share(ratio)
+    if n_tok:
+        metrics["ratio_max"] = ratio.detach()[mask].max()
+    metrics["approx_kl"] = share(kl_estimate(old_logprobs.detach(), logprobs.detach(), mask, "k3"))
+    if "gate_weight" in terms.extra:
+        metrics["sapo_gate_weight_mean"] = share(terms.extra["gate_weight"])
+
+    if config.kl_loss_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_loss_coef > 0 needs ref_logprobs (the reference policy's logprobs)")
+    if ref_logprobs is not None:
+        kl = kl_estimate(logprobs, ref_logprobs.detach(), mask, config.kl_loss_estimator)
+        metrics["kl_ref"] = share(kl)
+        if config.kl_loss_coef > 0:
+            kl_loss = normalizer.aggregate(kl, mask)
+            metrics["kl_loss"] = kl_loss.detach()
+            loss = loss + config.kl_loss_coef * kl_loss
+
+    if config.entropy_coef > 0 and entropies is None:
+        raise ValueError("entropy_coef > 0 needs entropies (per-token entropy of the policy)")
+    if entropies is not None:
+        metrics["entropy"] = share(entropies)
+        if config.entropy_coef > 0:
+            loss = loss - config.entropy_coef * normalizer.aggregate(entropies, mask)
+
+    metrics["loss"] = loss.detach()
+    return LossOutput(loss=loss, metrics=metrics)
+
+
+# =============================================================================================
+# 7. Metrics across micro-batches
+# =============================================================================================
+
+
+def merge_metrics(acc: dict[str, Tensor], new: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Combine two micro-batches' metrics: ``*_max`` by max, ``*_min`` by min, others by sum.
+
+    Starting from ``{}`` and merging every micro-batch of a step yields the full-batch metrics.
+    """
+    out = dict(acc)
+    for name, value in new.items():
+        value = value.detach()
+        if name not in out:
+            out[name] = value
+        elif name.endswith("_max"):
+            out[name] = torch.maximum(out[name], value)
+        elif name.endswith("_min"):
+            out[name] = torch.minimum(out[name], value)
+        else:
+            out[name] = out[name] + value
+    return out
+
+
+__all__ = [
+    "LOG_RATIO_CLAMP",
+    "AdvantageEstimator",
+    "AdvantageOutput",
+    "AlgorithmConfig",
+    "GroupStats",
+    "ISLevel",
+    "ISWeights",
+    "KLEstimator",
+    "LossAggMode",
+    "LossNormalizer",
+    "LossOutput",
+    "PolicyLoss",
+    "PolicyLossTerms",
+    "RolloutCorrection",
+    "cispo_loss",
+    "compute_advantages",
+    "compute_policy_loss",
+    "distillation_advantages",
+    "grpo_advantages",
+    "group_stats",
+    "gspo_loss",
+    "importance_log_weights",
+    "kl_estimate",
+    "kl_penalized_rewards",
+    "masked_is_weights",
+    "merge_metrics",
+    "policy_loss_terms",
+    "ppo_clip_loss",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "rollout_correction_weights",
+    "sapo_loss",
+    "truncated_is_weights",
+    "zero_variance_groups",
+]
