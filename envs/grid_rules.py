@@ -1,0 +1,229 @@
+"""GridRules: infer an ARC-style grid transformation from examples and apply it.
+
+* **Task** -- the image shows example pairs (input grid -> output grid) that all follow one
+  hidden rule (a flip, a rotation, a transpose, gravity, a shift, a colour swap, or, when hard,
+  two of them in a row) and a test input; give the test output.
+* **Observation** -- one user message: the instructions and an RGB image of the pairs, the
+  test input and a legend that maps each colour to a digit 0-9 (0 is the black background).
+* **Action** -- free text ending with the output grid as rows of digits separated by ``/``,
+  e.g. ``\\boxed{012/340/001}`` (spaces, commas and newlines between rows are tolerated).
+* **Reward** -- 1.0 for the right grid, 0.1 for a well-formed wrong grid, else 0; ``success``
+  means the right grid. If two catalogue rules fit every example yet disagree on the test
+  input (rare: the generator redraws grids to avoid it), both answers count as right.
+* **Difficulty** -- ``easy``: 3x3 grids, 2 examples, one of flip left-right / flip up-down /
+  rotate 180. ``medium``: 4x4, 3 examples, any one of the 8 rules. ``hard``: 5x5, 3 examples,
+  two different rules applied in sequence.
+
+The random agent guesses a rule from the level's catalogue and applies it to the test input.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from relax_gym.types import ImagePart
+
+from ._base import BoxedAnswerEnv, Task
+from ._draw import text_center
+
+Grid = np.ndarray
+# ARC's customary palette: 0 black, 1 blue, 2 red, 3 green, 4 yellow, 5 grey, 6 magenta,
+# 7 orange, 8 azure, 9 maroon.
+PALETTE: tuple[tuple[int, int, int], ...] = (
+    (0, 0, 0), (0, 116, 217), (255, 65, 54), (46, 204, 64), (255, 220, 0),
+    (170, 170, 170), (240, 18, 190), (255, 133, 27), (127, 219, 255), (135, 12, 37),
+)
+
+
+def _gravity(g: Grid) -> Grid:
+    """Non-zero cells fall to the bottom of their column, keeping their order."""
+    out = np.zeros_like(g)
+    for col in range(g.shape[1]):
+        cells = g[:, col][g[:, col] != 0]
+        if cells.size:
+            out[-cells.size :, col] = cells
+    return out
+
+
+GEOMETRIC: dict[str, Callable[[Grid], Grid]] = {
+    "flip left-right": np.fliplr,
+    "flip up-down": np.flipud,
+    "rotate 90 clockwise": lambda g: np.rot90(g, -1),
+    "rotate 180": lambda g: np.rot90(g, 2),
+    "transpose": np.transpose,
+    "gravity down": _gravity,
+    "shift right with wrap": lambda g: np.roll(g, 1, axis=1),
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A sequence of named steps; ``swap`` steps exchange two colours."""
+
+    steps: tuple[str, ...]
+    swap: tuple[int, int] | None = None
+
+    def __call__(self, g: Grid) -> Grid:
+        for step in self.steps:
+            if step == "swap colours":
+                assert self.swap is not None
+                a, b = self.swap
+                g = np.where(g == a, b, np.where(g == b, a, g))
+            else:
+                g = GEOMETRIC[step](g)
+        return np.ascontiguousarray(g)
+
+    @property
+    def name(self) -> str:
+        parts = [f"swap colours {self.swap[0]} and {self.swap[1]}" if s == "swap colours" and self.swap else s for s in self.steps]
+        return " then ".join(parts)
+
+
+@dataclass(frozen=True)
+class Level:
+    size: int
+    examples: int
+    steps: int                   # rules applied in sequence
+    singles: tuple[str, ...]     # the catalogue of single steps
+    cell: int                    # rendered cell size in px
+
+
+_ALL_STEPS = (*GEOMETRIC, "swap colours")
+LEVELS = {
+    "easy": Level(3, 2, 1, ("flip left-right", "flip up-down", "rotate 180"), 16),
+    "medium": Level(4, 3, 1, _ALL_STEPS, 14),
+    "hard": Level(5, 3, 2, _ALL_STEPS, 12),
+}
+_ROW_SPLIT = re.compile(r"\\\\|[/;\n|]")
+
+
+def grid_to_text(g: Grid) -> str:
+    return "/".join("".join(str(int(v)) for v in row) for row in g)
+
+
+def parse_grid(raw: str) -> tuple[str, ...] | None:
+    """``"012/340"`` (or rows split by newlines, ``;``, ``|`` or ``\\\\``) -> ``("012", "340")``."""
+    rows = [re.sub(r"[\s,]", "", r) for r in _ROW_SPLIT.split(raw.strip())]
+    rows = [r for r in rows if r]
+    if not rows or any(not r.isdigit() for r in rows) or len({len(r) for r in rows}) != 1:
+        return None
+    return tuple(rows)
+
+
+class GridRulesEnv(BoxedAnswerEnv[Level]):
+    """Infer a grid rule from example pairs (an image); answer the test output as text."""
+
+    levels = LEVELS
+    modalities = ("text", "image")
+    tags = ("vision", "reasoning", "arc")
+
+    def make_task(self, level: Level) -> Task:
+        rng = self.np_random
+        for _attempt in range(64):  # redraw until the examples pin the answer down (almost always at once)
+            colors = sorted(int(c) for c in rng.choice(np.arange(1, 10), size=int(rng.integers(2, 5)), replace=False))
+            rule = self._draw_rule(level, colors)
+            inputs = [self._draw_grid(level.size, colors) for _ in range(level.examples + 1)]
+            pairs = [(g, rule(g)) for g in inputs[:-1]]
+            test_in, target = inputs[-1], rule(inputs[-1])
+            fitting = {
+                grid_to_text(c(test_in))
+                for c in self.catalogue(level, colors)
+                if all(np.array_equal(c(i), o) for i, o in pairs)
+            }
+            informative = not any(np.array_equal(i, o) for i, o in pairs) and not np.array_equal(target, test_in)
+            if informative and fitting == {grid_to_text(target)}:
+                break
+        self._test_input, self._colors = test_in, colors
+        answer = grid_to_text(target)
+        image = self._render(level, pairs, test_in)
+        n = level.size
+        prompt = (
+            f"The image shows {level.examples} example pairs: each input grid (left) is turned into "
+            "its output grid (right) by the same rule. Apply the rule to the test grid at the bottom. "
+            "Colours stand for digits as the legend shows (0 is the black background). "
+            f"The output is {n}x{n}. Reply with its rows, top to bottom, as digits separated by '/', "
+            f"e.g. \\boxed{{{'/'.join(['0' * n] * n)}}}."
+        )
+        also = frozenset(tuple(t.split("/")) for t in fitting) - {tuple(answer.split("/"))}
+        return Task(
+            prompt, tuple(answer.split("/")), answer, (ImagePart(image, id="grids"),),
+            {"rule": rule.name}, also_correct=also,
+        )
+
+    def _draw_rule(self, level: Level, colors: list[int]) -> Rule:
+        rng = self.np_random
+        steps = tuple(str(s) for s in rng.choice(level.singles, size=level.steps, replace=False))
+        swap = None
+        if "swap colours" in steps:
+            a, b = (int(c) for c in rng.choice(colors, size=2, replace=False))
+            swap = (min(a, b), max(a, b))
+        return Rule(steps, swap)
+
+    def _draw_grid(self, n: int, colors: list[int]) -> Grid:
+        rng = self.np_random
+        filled = rng.random((n, n)) < rng.uniform(0.35, 0.65)
+        values = rng.choice(colors, size=(n, n))
+        return np.where(filled, values, 0).astype(np.int8)
+
+    @staticmethod
+    def catalogue(level: Level, colors: list[int]) -> list[Rule]:
+        """Every rule of the level's family, colour swaps over the given colours."""
+        swaps = [(a, b) for a, b in itertools.combinations(sorted(colors), 2)]
+        rules: list[Rule] = []
+        for steps in itertools.permutations(level.singles, level.steps):
+            if "swap colours" in steps:
+                rules += [Rule(steps, s) for s in swaps]
+            else:
+                rules.append(Rule(steps))
+        return rules
+
+    def _render(self, level: Level, pairs: list[tuple[Grid, Grid]], test_in: Grid) -> Image.Image:
+        c, n, pad, label_w, arrow_w = level.cell, level.size, 8, 26, 34
+        g = n * c
+        rows = len(pairs) + 1
+        legend_h = 16 + 14
+        width = pad + label_w + g + arrow_w + g + pad
+        width = max(width, pad * 2 + 10 * 18)
+        height = pad + rows * (g + pad) + legend_h + pad
+        img = Image.new("RGB", (width, height), (250, 250, 250))
+        draw = ImageDraw.Draw(img)
+        for r in range(rows):
+            y = pad + r * (g + pad)
+            label = f"{r + 1}" if r < len(pairs) else "test"
+            text_center(draw, (pad + label_w / 2, y + g / 2), label, 11 if r == len(pairs) else 14, (40, 40, 40))
+            x_in = pad + label_w
+            x_out = x_in + g + arrow_w
+            grid_in = pairs[r][0] if r < len(pairs) else test_in
+            self._draw_grid_img(draw, grid_in, x_in, y, c)
+            text_center(draw, (x_in + g + arrow_w / 2, y + g / 2), "->", 16, (40, 40, 40))
+            if r < len(pairs):
+                self._draw_grid_img(draw, pairs[r][1], x_out, y, c)
+            else:
+                draw.rectangle((x_out, y, x_out + g, y + g), outline=(120, 120, 120), width=1)
+                text_center(draw, (x_out + g / 2, y + g / 2), "?", 20, (120, 120, 120))
+        y = pad + rows * (g + pad)
+        for d in range(10):
+            x = pad + d * 18
+            draw.rectangle((x, y, x + 14, y + 14), fill=PALETTE[d], outline=(120, 120, 120))
+            text_center(draw, (x + 7, y + 22), str(d), 10, (40, 40, 40))
+        return img
+
+    @staticmethod
+    def _draw_grid_img(draw: ImageDraw.ImageDraw, grid: Grid, x0: int, y0: int, c: int) -> None:
+        for (i, j), v in np.ndenumerate(grid):
+            x, y = x0 + j * c, y0 + i * c
+            draw.rectangle((x, y, x + c - 1, y + c - 1), fill=PALETTE[int(v)], outline=(90, 90, 90))
+
+    def parse_answer(self, raw: str) -> tuple[str, ...] | None:
+        return parse_grid(raw)
+
+    def random_answer(self, rng: np.random.Generator) -> str:
+        self._require_task()
+        rules = self.catalogue(self.level, self._colors)
+        return grid_to_text(rules[int(rng.integers(0, len(rules)))](self._test_input))
