@@ -1,0 +1,94 @@
+"""Build Qwen3 decoders on megatron-core's ``GPTModel`` and set up model parallelism.
+
+The model uses megatron-core's own modules (``get_gpt_layer_local_spec``: column/row-parallel
+linears, torch RMSNorm, ``DotProductAttention``), so it runs wherever megatron-core runs and
+its parameter names are the ones ``layout.py`` maps. Text models use ``rope``; Qwen3-VL's
+language model uses ``mrope`` with the interleaved rotary embedding from ``rope.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relax_gym.trainer.megatron.config import (
+    MegatronBridgeError,
+    MegatronConfig,
+    ModelDims,
+    transformer_config,
+)
+
+
+def init_model_parallel(cfg: MegatronConfig) -> None:
+    """Create Megatron's TP/PP/CP/DP groups on an initialised ``torch.distributed`` world.
+
+    On CUDA this also binds the local device and seeds Megatron's model-parallel RNG tracker.
+    """
+    from megatron.core import parallel_state, tensor_parallel
+
+    if not dist.is_initialized():
+        raise MegatronBridgeError("torch.distributed must be initialised before Megatron")
+    cfg.data_parallel_size(dist.get_world_size())
+    if parallel_state.model_parallel_is_initialized():
+        return
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % torch.cuda.device_count()))
+        torch.cuda.set_device(local)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=cfg.tensor_parallel_size,
+        pipeline_model_parallel_size=cfg.pipeline_parallel_size,
+        context_parallel_size=cfg.context_parallel_size,
+    )
+    if torch.cuda.is_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(cfg.seed)
+
+
+def destroy_model_parallel() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def build_gpt_model(dims: ModelDims, cfg: MegatronConfig) -> Any:
+    """A ``GPTModel`` for this pipeline stage, shaped like the HF model ``dims`` describes.
+
+    The output layer keeps logits split over TP ranks (``parallel_output=True``); use
+    ``logprobs.vocab_parallel_logprobs`` on them instead of gathering the full vocabulary.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(dims, cfg)
+    spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=dims.vocab_size,
+        max_sequence_length=dims.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=dims.tied_embeddings,
+        position_embedding_type="mrope" if dims.mrope_section else "rope",
+        rotary_base=dims.rope_theta,  # type: ignore[arg-type]  # HF thetas are floats
+    )
+    if dims.mrope_section:
+        from relax_gym.trainer.megatron.rope import InterleavedMRotaryEmbedding
+
+        model.rotary_pos_emb = InterleavedMRotaryEmbedding(
+            kv_channels=config.kv_channels, rotary_base=dims.rope_theta
+        )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model
+
+
+def unwrap_model(model: Any) -> Any:
+    """Strip DDP / Float16Module wrappers down to the module that owns the parameters."""
+    while hasattr(model, "module") and not hasattr(model, "decoder"):
+        model = model.module
+    return model
