@@ -1,1 +1,67 @@
-"""placeholder"""
+"""Rewards: a registry of reward functions, rule rewards, a GenRM judge, weighted composition.
+
+Register your own::
+
+    import relax_gym.rewards as R
+
+    @R.reward("my_task")
+    def score(sample: R.RewardInput) -> float | dict:
+        return float(sample.response.strip() == sample.label)
+
+and compose them from a config (per env, or per dataset row through
+``sample.metadata["rewards"]``)::
+
+    composer = R.RewardComposer([{"name": "math_equiv", "weight": 1.0},
+                                 {"name": "format_tags", "weight": 0.1}])
+    results = await composer.score(samples)          # list[RewardResult]
+    metrics = R.summarize(results)                   # reward/<component>/mean, failures...
+
+Every built-in is documented in docs/rewards.md.
+"""
+
+from relax_gym.rewards.compose import (
+    RewardComposer,
+    RewardEntry,
+    evaluate_reward,
+    parse_entries,
+    score_samples,
+)
+from relax_gym.rewards.math_equiv import Equivalence, math_equal
+from relax_gym.rewards.math_extract import extract_answer, extract_reference, find_boxed
+from relax_gym.rewards.metrics import RewardStats, summarize
+from relax_gym.rewards.registry import (
+    RewardFn,
+    Score,
+    get_reward,
+    list_rewards,
+    register_reward,
+    reward,
+    unregister_reward,
+)
+from relax_gym.rewards.types import Failure, RewardError, RewardInput, RewardResult
+
+__all__ = [
+    "Equivalence",
+    "Failure",
+    "RewardComposer",
+    "RewardEntry",
+    "RewardError",
+    "RewardFn",
+    "RewardInput",
+    "RewardResult",
+    "RewardStats",
+    "Score",
+    "evaluate_reward",
+    "extract_answer",
+    "extract_reference",
+    "find_boxed",
+    "get_reward",
+    "list_rewards",
+    "math_equal",
+    "parse_entries",
+    "register_reward",
+    "reward",
+    "score_samples",
+    "summarize",
+    "unregister_reward",
+]
