@@ -84,68 +84,75 @@ class AlgorithmConfig(BaseModel):
 
     # --- advantages ----------------------------------------------------------------------
     advantage_estimator: AdvantageEstimator = Field(
-        "grpo",
+        default="grpo",
         description="grpo: (r-mean)/(std+eps) per group (DeepSeekMath). dr_grpo: r-mean, no "
         "std (Dr.GRPO). rloo: r minus the mean of the other samples (RLOO). "
         "reinforce_pp_baseline: r-mean per group, divided by the batch std (REINFORCE++).",
     )
     adv_eps: float = Field(
-        1e-6, gt=0, description="Added to the std before dividing (grpo, reinforce_pp_baseline)."
+        default=1e-6,
+        gt=0,
+        description="Added to the std before dividing (grpo, reinforce_pp_baseline).",
     )
     std_unbiased: bool = Field(
-        True, description="Bessel-corrected std (n-1), as torch.std; False uses the population std."
+        default=True,
+        description="Bessel-corrected std (n-1), as torch.std; False uses the population std.",
     )
 
     # --- policy loss -------------------------------------------------------------------------
-    policy_loss: PolicyLoss = Field("ppo", description="Which surrogate objective to optimise.")
+    policy_loss: PolicyLoss = Field(
+        default="ppo", description="Which surrogate objective to optimise."
+    )
     clip_low: float = Field(
-        0.2, gt=0, lt=1, description="PPO ratio lower bound 1-clip_low (PPO, DAPO)."
+        default=0.2, gt=0, lt=1, description="PPO ratio lower bound 1-clip_low (PPO, DAPO)."
     )
     clip_high: float = Field(
-        0.28, gt=0, description="PPO ratio upper bound 1+clip_high; 0.28 is DAPO's clip-higher."
+        default=0.28,
+        gt=0,
+        description="PPO ratio upper bound 1+clip_high; 0.28 is DAPO's clip-higher.",
     )
     dual_clip: float | None = Field(
-        3.0,
+        default=3.0,
         gt=1,
         description="Dual-clip constant c (Ye et al. 2020): for A<0 the loss is capped at -c*A. "
         "None disables it.",
     )
     gspo_clip_low: float = Field(
-        3e-4, gt=0, lt=1, description="GSPO sequence-ratio lower bound 1-eps (GSPO paper)."
+        default=3e-4, gt=0, lt=1, description="GSPO sequence-ratio lower bound 1-eps (GSPO paper)."
     )
     gspo_clip_high: float = Field(
-        4e-4, gt=0, description="GSPO sequence-ratio upper bound 1+eps (GSPO paper)."
+        default=4e-4, gt=0, description="GSPO sequence-ratio upper bound 1+eps (GSPO paper)."
     )
     sapo_tau_pos: float = Field(
-        1.0, gt=0, description="SAPO gate temperature for tokens with positive advantage."
+        default=1.0, gt=0, description="SAPO gate temperature for tokens with positive advantage."
     )
     sapo_tau_neg: float = Field(
-        1.05,
+        default=1.05,
         gt=0,
         description="SAPO gate temperature for A<=0; larger than tau_pos so negative updates "
         "decay faster off-policy (SAPO paper).",
     )
     cispo_clip_low: float = Field(
-        1.0,
+        default=1.0,
         gt=0,
         le=1,
         description="CISPO IS-weight lower bound 1-eps_low; 1.0 means no lower bound, as in "
         "MiniMax-M1.",
     )
     cispo_clip_high: float = Field(
-        0.28,
+        default=0.28,
         gt=0,
         description="CISPO IS-weight upper bound 1+eps_high (MiniMax-M1 tunes only this one).",
     )
 
     # --- aggregation ----------------------------------------------------------------------
     loss_agg_mode: LossAggMode = Field(
-        "token-mean",
+        default="token-mean",
         description="How token losses become one number; see LossNormalizer. GSPO's paper uses "
         "seq-mean-token-mean, Dr.GRPO uses seq-mean-token-sum-norm.",
     )
     loss_norm_length: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Constant L of seq-mean-token-sum-norm (Dr.GRPO): set it to the generation "
         "budget (max_new_tokens). None uses the padded response length of the batch.",
@@ -153,23 +160,25 @@ class AlgorithmConfig(BaseModel):
 
     # --- KL to a reference policy ---------------------------------------------------------------
     kl_loss_coef: float = Field(
-        0.0, ge=0, description="beta of the KL-to-reference loss term (GRPO uses 0.04); 0 = off."
+        default=0.0,
+        ge=0,
+        description="beta of the KL-to-reference loss term (GRPO uses 0.04); 0 = off.",
     )
     kl_loss_estimator: KLEstimator = Field(
-        "k3", description="Estimator for the KL loss term (GRPO uses k3)."
+        default="k3", description="Estimator for the KL loss term (GRPO uses k3)."
     )
     kl_reward_coef: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         description="beta of the KL penalty folded into the reward: r - beta*sum_t kl_t; 0 = off.",
     )
     kl_reward_estimator: KLEstimator = Field(
-        "k1", description="Estimator for the in-reward KL penalty (PPO-RLHF uses k1)."
+        default="k1", description="Estimator for the in-reward KL penalty (PPO-RLHF uses k1)."
     )
 
     # --- on-policy distillation -----------------------------------------------------------
     distill_coef: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         description="Coefficient of the per-token reverse KL to a teacher subtracted from the "
         "advantage; 0 = off.",
@@ -177,26 +186,26 @@ class AlgorithmConfig(BaseModel):
 
     # --- entropy ------------------------------------------------------------------------------
     entropy_coef: float = Field(
-        0.0, ge=0, description="Entropy bonus: loss -= coef * aggregated entropy; 0 = off."
+        default=0.0, ge=0, description="Entropy bonus: loss -= coef * aggregated entropy; 0 = off."
     )
 
     # --- train/rollout mismatch correction ------------------------------------------------------
     rollout_correction: RolloutCorrection = Field(
-        "none",
+        default="none",
         description="Weight the loss by pi_old/pi_rollout. tis: truncate at tis_cap (TIS). "
         "mis: zero weights outside [mis_low, mis_high] (MIS). decoupled: untruncated weight, "
         "tokens above decoupled_cap dropped (AReaL's decoupled PPO).",
     )
     rollout_is_level: ISLevel = Field(
-        "token",
+        default="token",
         description="token: one weight per token. sequence: product over the sequence. "
         "geometric: geometric mean over the sequence (length-normalised).",
     )
-    tis_cap: float = Field(2.0, gt=0, description="TIS truncation cap C (Yao et al. 2025).")
-    mis_low: float = Field(0.5, ge=0, description="MIS lower bound on the IS weight.")
-    mis_high: float = Field(2.0, gt=0, description="MIS upper bound on the IS weight.")
+    tis_cap: float = Field(default=2.0, gt=0, description="TIS truncation cap C (Yao et al. 2025).")
+    mis_low: float = Field(default=0.5, ge=0, description="MIS lower bound on the IS weight.")
+    mis_high: float = Field(default=2.0, gt=0, description="MIS upper bound on the IS weight.")
     decoupled_cap: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="Decoupled objective: drop tokens whose behaviour IS weight exceeds this; "
         "None keeps all.",
@@ -385,7 +394,9 @@ def reinforce_pp_baseline_advantages(
     """
     stats = group_stats(rewards, group_ids, unbiased=unbiased)
     centred = torch.where(
-        stats.constant, torch.zeros_like(stats.mean), rewards.detach().to(torch.float64) - stats.mean
+        stats.constant,
+        torch.zeros_like(stats.mean),
+        rewards.detach().to(torch.float64) - stats.mean,
     )
     if centred.numel() < 2 or bool((centred == 0).all()):
         return _to_tokens(torch.zeros_like(centred), mask, rewards)

@@ -12,7 +12,6 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
-
 from relax_gym.trainer.algorithms import (
     AlgorithmConfig,
     LossNormalizer,
@@ -171,7 +170,9 @@ def test_reinforce_pp_baseline_uses_batch_std():
     ids = torch.tensor([0, 1, 0, 1, 0, 7])
     adv = reinforce_pp_baseline_advantages(rewards, ids, full_mask((6, 1)), eps=0.0)
     close(adv[:, 0], tensor([0.0, -2.0, -1.0, 2.0, 1.0, 0.0]) / math.sqrt(2.0))
-    constant = reinforce_pp_baseline_advantages(tensor([1.0, 1.0, 2.0]), [0, 0, 1], full_mask((3, 1)))
+    constant = reinforce_pp_baseline_advantages(
+        tensor([1.0, 1.0, 2.0]), [0, 0, 1], full_mask((3, 1))
+    )
     assert torch.equal(constant, torch.zeros(3, 1, dtype=F64))
 
 
@@ -204,15 +205,21 @@ def test_compute_advantages_pipeline():
     ref = tensor([[-2.0, -1.5], [-3.0, -1.0]])
     cfg = AlgorithmConfig(advantage_estimator="dr_grpo", kl_reward_coef=0.1, distill_coef=1.0)
     out = compute_advantages(
-        cfg, tensor([1.0, 0.0]), [0, 0], full_mask((2, 2)),
-        logprobs=logp, ref_logprobs=ref, teacher_logprobs=ref,
+        cfg,
+        tensor([1.0, 0.0]),
+        [0, 0],
+        full_mask((2, 2)),
+        logprobs=logp,
+        ref_logprobs=ref,
+        teacher_logprobs=ref,
     )
     close(out.advantages, [[0.375 - 1.0, 0.375 - 0.5], [-0.375 - 0.0, -0.375 + 1.0]])
     assert out.metrics["zero_variance_group_frac"] == 0.0
     close(out.metrics["kl_reward_penalty_mean"], (0.15 - 0.1) / 2)
     with pytest.raises(ValueError, match="teacher_logprobs"):
-        compute_advantages(cfg, tensor([1.0, 0.0]), [0, 0], full_mask((2, 2)), logprobs=logp,
-                           ref_logprobs=ref)
+        compute_advantages(
+            cfg, tensor([1.0, 0.0]), [0, 0], full_mask((2, 2)), logprobs=logp, ref_logprobs=ref
+        )
 
 
 # =============================================================================================
@@ -268,8 +275,14 @@ def test_ppo_clip_every_region():
     # through compute_policy_loss with token-mean: sum = 4.82 over 8 tokens
     logp2, old2 = logprobs_with_ratio([ratios])
     cfg = AlgorithmConfig()
-    out = compute_policy_loss(cfg, logprobs=logp2, old_logprobs=old2, advantages=adv, mask=m,
-                              normalizer=LossNormalizer.from_mask(m, cfg))
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp2,
+        old_logprobs=old2,
+        advantages=adv,
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+    )
     close(out.loss, 4.82 / 8)
     for name in ("clipfrac_low", "clipfrac_high", "clipfrac_dual"):
         close(out.metrics[name], 1 / 8)
@@ -327,11 +340,17 @@ def test_gspo_token_matches_gspo_with_sequence_advantages():
     results = []
     for cfg in (cfg_seq, cfg_tok):
         logp = base.clone().requires_grad_(True)
-        out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=old, advantages=adv,
-                                  mask=mask, normalizer=norm)
+        out = compute_policy_loss(
+            cfg, logprobs=logp, old_logprobs=old, advantages=adv, mask=mask, normalizer=norm
+        )
         out.loss.backward()
-        results.append((out.loss.detach(), logp.grad, out.metrics["clipfrac_high"]
-                        + out.metrics["clipfrac_low"]))
+        results.append(
+            (
+                out.loss.detach(),
+                logp.grad,
+                out.metrics["clipfrac_high"] + out.metrics["clipfrac_low"],
+            )
+        )
     close(results[0][0], results[1][0], tol=1e-12)
     close(results[0][1], results[1][1], tol=1e-12)
     close(results[0][2], results[1][2])
@@ -363,8 +382,10 @@ def test_sapo_soft_gate_off_policy_by_hand():
     close(terms.loss, [[-4 * sig(1.0), 4 / 1.05 * sig(1.05)]])
     terms.loss.sum().backward()
     close(logp.grad, [[-8 * sig(1.0) * (1 - sig(1.0)), 8 * sig(1.05) * (1 - sig(1.05))]])
-    close(terms.extra["gate_weight"], [[4 * sig(1.0) * (1 - sig(1.0)),
-                                        4 * sig(1.05) * (1 - sig(1.05))]])
+    close(
+        terms.extra["gate_weight"],
+        [[4 * sig(1.0) * (1 - sig(1.0)), 4 * sig(1.05) * (1 - sig(1.05))]],
+    )
 
 
 def test_cispo_clips_the_weight_not_the_gradient():
@@ -373,8 +394,14 @@ def test_cispo_clips_the_weight_not_the_gradient():
     logp, old = logprobs_with_ratio([[0.5, 1.0, 2.0]])
     m = full_mask((1, 3))
     cfg = AlgorithmConfig(policy_loss="cispo", loss_agg_mode="seq-mean-token-sum")
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=old, advantages=tensor([[1.0] * 3]),
-                              mask=m, normalizer=LossNormalizer.from_mask(m, cfg))
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=old,
+        advantages=tensor([[1.0] * 3]),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+    )
     lp = logp.detach()
     close(out.loss, -(0.5 * lp[0, 0] + 1.0 * lp[0, 1] + 1.28 * lp[0, 2]))
     out.loss.backward()
@@ -403,9 +430,15 @@ def test_tis_caps_weights_at_two():
     rollout = old - log_w
     logp = old.clone().requires_grad_(True)
     cfg = AlgorithmConfig(rollout_correction="tis")
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=old, advantages=tensor([[1.0] * 4]),
-                              mask=m, normalizer=LossNormalizer.from_mask(m, cfg),
-                              rollout_logprobs=rollout)
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=old,
+        advantages=tensor([[1.0] * 4]),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+        rollout_logprobs=rollout,
+    )
     close(out.loss, -1.375)
     out.loss.backward()
     close(logp.grad, [[-0.5 / 4, -1 / 4, -2 / 4, -2 / 4]])
@@ -453,17 +486,29 @@ def test_decoupled_objective_clips_against_proximal_and_weights_by_behaviour():
     logp, prox = logprobs_with_ratio([[1.1, 1.5]])
     behav = prox - torch.log(tensor([[1.5, 4.0]]))
     cfg = AlgorithmConfig(rollout_correction="decoupled")
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=prox, advantages=tensor([[1.0, 1.0]]),
-                              mask=m, normalizer=LossNormalizer.from_mask(m, cfg),
-                              rollout_logprobs=behav)
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=prox,
+        advantages=tensor([[1.0, 1.0]]),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+        rollout_logprobs=behav,
+    )
     close(out.loss, (-1.65 - 5.12) / 2)
     out.loss.backward()
     close(logp.grad, [[-1.5 * 1.1 / 2, 0.0]])
     # with a cap of 3 the weight-4 token is dropped: loss -1.65 / 2
     capped = cfg.model_copy(update={"decoupled_cap": 3.0})
-    out = compute_policy_loss(capped, logprobs=logp, old_logprobs=prox,
-                              advantages=tensor([[1.0, 1.0]]), mask=m,
-                              normalizer=LossNormalizer.from_mask(m, capped), rollout_logprobs=behav)
+    out = compute_policy_loss(
+        capped,
+        logprobs=logp,
+        old_logprobs=prox,
+        advantages=tensor([[1.0, 1.0]]),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, capped),
+        rollout_logprobs=behav,
+    )
     close(out.loss, -1.65 / 2)
     close(out.metrics["is_dropped_frac"], 0.5)
 
@@ -473,8 +518,14 @@ def test_correction_without_rollout_logprobs_is_a_clear_error():
     cfg = AlgorithmConfig(rollout_correction="tis")
     lp = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError, match="rollout_logprobs"):
-        compute_policy_loss(cfg, logprobs=lp, old_logprobs=lp, advantages=lp, mask=m,
-                            normalizer=LossNormalizer.from_mask(m, cfg))
+        compute_policy_loss(
+            cfg,
+            logprobs=lp,
+            old_logprobs=lp,
+            advantages=lp,
+            mask=m,
+            normalizer=LossNormalizer.from_mask(m, cfg),
+        )
 
 
 # =============================================================================================
@@ -495,8 +546,9 @@ def test_aggregation_modes_by_hand():
     for mode, value in expected.items():
         norm = LossNormalizer.from_mask(m, mode=mode)
         close(norm.aggregate(values, m), value)
-    dr = LossNormalizer.from_mask(m, AlgorithmConfig(loss_agg_mode="seq-mean-token-sum-norm",
-                                                     loss_norm_length=10))
+    dr = LossNormalizer.from_mask(
+        m, AlgorithmConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_norm_length=10)
+    )
     close(dr.aggregate(values, m), 10 / 20)
     empty = LossNormalizer.from_mask(torch.zeros(2, 3), mode="token-mean")
     close(empty.aggregate(values[:2], torch.zeros(2, 3)), 0.0)
@@ -509,19 +561,30 @@ def test_kl_loss_and_entropy_terms():
     logp = torch.full((2, 3), math.log(0.5), dtype=F64, requires_grad=True)
     ref = torch.full((2, 3), math.log(0.25), dtype=F64)
     cfg = AlgorithmConfig(kl_loss_coef=0.1, entropy_coef=0.01)
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=logp.detach(),
-                              advantages=torch.zeros(2, 3, dtype=F64), mask=m,
-                              normalizer=LossNormalizer.from_mask(m, cfg), ref_logprobs=ref,
-                              entropies=torch.full((2, 3), 2.0, dtype=F64))
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=logp.detach(),
+        advantages=torch.zeros(2, 3, dtype=F64),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+        ref_logprobs=ref,
+        entropies=torch.full((2, 3), 2.0, dtype=F64),
+    )
     k3 = math.log(2) - 0.5
     close(out.loss, 0.1 * k3 - 0.02)
     close(out.metrics["kl_ref"], k3)
     close(out.metrics["entropy"], 2.0)
     close(out.metrics["approx_kl"], 0.0)
     with pytest.raises(ValueError, match="ref_logprobs"):
-        compute_policy_loss(cfg, logprobs=logp, old_logprobs=logp.detach(),
-                            advantages=torch.zeros(2, 3, dtype=F64), mask=m,
-                            normalizer=LossNormalizer.from_mask(m, cfg))
+        compute_policy_loss(
+            cfg,
+            logprobs=logp,
+            old_logprobs=logp.detach(),
+            advantages=torch.zeros(2, 3, dtype=F64),
+            mask=m,
+            normalizer=LossNormalizer.from_mask(m, cfg),
+        )
 
 
 def test_approx_kl_is_k3_between_old_and_new():
@@ -529,8 +592,14 @@ def test_approx_kl_is_k3_between_old_and_new():
     logp, old = logprobs_with_ratio([[2.0, 0.5]])
     m = full_mask((1, 2))
     cfg = AlgorithmConfig()
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=old, advantages=tensor([[0.0, 0.0]]),
-                              mask=m, normalizer=LossNormalizer.from_mask(m, cfg))
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=old,
+        advantages=tensor([[0.0, 0.0]]),
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+    )
     close(out.metrics["approx_kl"], 0.25)
 
 
@@ -542,8 +611,15 @@ def test_padding_garbage_never_reaches_loss_or_gradient(loss):
     old = tensor([[-1.1, -1.9, float("inf")], [-0.4, nan, nan]])
     adv = tensor([[1.0, 1.0, nan], [-1.0, nan, nan]])
     cfg = AlgorithmConfig(policy_loss=loss, rollout_correction="tis")
-    out = compute_policy_loss(cfg, logprobs=logp, old_logprobs=old, advantages=adv, mask=m,
-                              normalizer=LossNormalizer.from_mask(m, cfg), rollout_logprobs=old)
+    out = compute_policy_loss(
+        cfg,
+        logprobs=logp,
+        old_logprobs=old,
+        advantages=adv,
+        mask=m,
+        normalizer=LossNormalizer.from_mask(m, cfg),
+        rollout_logprobs=old,
+    )
     out.loss.backward()
     assert torch.isfinite(out.loss)
     assert torch.isfinite(logp.grad).all() and (logp.grad[~m] == 0).all()
@@ -555,11 +631,23 @@ def test_shape_and_normalizer_mismatch_are_clear_errors():
     cfg = AlgorithmConfig()
     z = torch.zeros(2, 3, dtype=F64)
     with pytest.raises(ValueError, match="advantages has shape"):
-        compute_policy_loss(cfg, logprobs=z, old_logprobs=z, advantages=z[:, :2], mask=m,
-                            normalizer=LossNormalizer.from_mask(m, cfg))
+        compute_policy_loss(
+            cfg,
+            logprobs=z,
+            old_logprobs=z,
+            advantages=z[:, :2],
+            mask=m,
+            normalizer=LossNormalizer.from_mask(m, cfg),
+        )
     with pytest.raises(ValueError, match="loss_agg_mode"):
-        compute_policy_loss(cfg, logprobs=z, old_logprobs=z, advantages=z, mask=m,
-                            normalizer=LossNormalizer.from_mask(m, mode="seq-mean-token-sum"))
+        compute_policy_loss(
+            cfg,
+            logprobs=z,
+            old_logprobs=z,
+            advantages=z,
+            mask=m,
+            normalizer=LossNormalizer.from_mask(m, mode="seq-mean-token-sum"),
+        )
 
 
 # =============================================================================================
@@ -581,12 +669,20 @@ VARIANTS = {
     "gspo_token": {"policy_loss": "gspo_token"},
     "sapo": {"policy_loss": "sapo"},
     "cispo": {"policy_loss": "cispo"},
-    "ppo+tis+kl+entropy": {"rollout_correction": "tis", "kl_loss_coef": 0.05,
-                           "entropy_coef": 0.01},
-    "gspo+mis-sequence": {"policy_loss": "gspo", "rollout_correction": "mis",
-                          "rollout_is_level": "sequence", "mis_low": 0.9, "mis_high": 1.1},
-    "sapo+decoupled-geometric": {"policy_loss": "sapo", "rollout_correction": "decoupled",
-                                 "rollout_is_level": "geometric", "decoupled_cap": 1.05},
+    "ppo+tis+kl+entropy": {"rollout_correction": "tis", "kl_loss_coef": 0.05, "entropy_coef": 0.01},
+    "gspo+mis-sequence": {
+        "policy_loss": "gspo",
+        "rollout_correction": "mis",
+        "rollout_is_level": "sequence",
+        "mis_low": 0.9,
+        "mis_high": 1.1,
+    },
+    "sapo+decoupled-geometric": {
+        "policy_loss": "sapo",
+        "rollout_correction": "decoupled",
+        "rollout_is_level": "geometric",
+        "decoupled_cap": 1.05,
+    },
 }
 
 
@@ -617,9 +713,14 @@ def test_micro_batch_split_does_not_change_loss_gradient_or_metrics(variant, mod
         total, metrics = torch.zeros((), dtype=F64), {}
         for rows in torch.split(order, sizes):
             out = compute_policy_loss(
-                cfg, logprobs=logp[rows], old_logprobs=data["old"][rows],
-                advantages=data["adv"][rows], mask=data["mask"][rows], normalizer=norm,
-                rollout_logprobs=data["rollout"][rows], ref_logprobs=data["ref"][rows],
+                cfg,
+                logprobs=logp[rows],
+                old_logprobs=data["old"][rows],
+                advantages=data["adv"][rows],
+                mask=data["mask"][rows],
+                normalizer=norm,
+                rollout_logprobs=data["rollout"][rows],
+                ref_logprobs=data["ref"][rows],
                 entropies=data["ent"][rows],
             )
             out.loss.backward()
@@ -630,8 +731,11 @@ def test_micro_batch_split_does_not_change_loss_gradient_or_metrics(variant, mod
     full_loss, full_grad, full_metrics = run(torch.arange(8), [8])
     assert full_grad.abs().sum() > 0
     for name, sizes in SPLITS.items():
-        order = torch.randperm(8, generator=torch.Generator().manual_seed(3)) if "shuffled" in name \
+        order = (
+            torch.randperm(8, generator=torch.Generator().manual_seed(3))
+            if "shuffled" in name
             else torch.arange(8)
+        )
         loss, grad, metrics = run(order, sizes)
         close(loss, full_loss, tol=1e-12)
         close(grad, full_grad, tol=1e-12)
@@ -647,14 +751,25 @@ def test_per_micro_batch_normaliser_would_break_invariance():
     # own token count (then averaging micro-batches) changes the loss with the split
     data = _batch()
     cfg = AlgorithmConfig()
-    whole = compute_policy_loss(cfg, logprobs=data["new"], old_logprobs=data["old"],
-                                advantages=data["adv"], mask=data["mask"],
-                                normalizer=LossNormalizer.from_mask(data["mask"], cfg)).loss
+    whole = compute_policy_loss(
+        cfg,
+        logprobs=data["new"],
+        old_logprobs=data["old"],
+        advantages=data["adv"],
+        mask=data["mask"],
+        normalizer=LossNormalizer.from_mask(data["mask"], cfg),
+    ).loss
     parts = []
     for rows in torch.split(torch.arange(8), [1, 3, 4]):
         local = LossNormalizer.from_mask(data["mask"][rows], cfg)
-        parts.append(compute_policy_loss(cfg, logprobs=data["new"][rows],
-                                         old_logprobs=data["old"][rows],
-                                         advantages=data["adv"][rows], mask=data["mask"][rows],
-                                         normalizer=local).loss)
+        parts.append(
+            compute_policy_loss(
+                cfg,
+                logprobs=data["new"][rows],
+                old_logprobs=data["old"][rows],
+                advantages=data["adv"][rows],
+                mask=data["mask"][rows],
+                normalizer=local,
+            ).loss
+        )
     assert abs(float(sum(parts) / 3) - float(whole)) > 1e-4
