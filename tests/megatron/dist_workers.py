@@ -1,0 +1,257 @@
+"""Multi-process (gloo, 127.0.0.1) harness and the per-rank checks of the megatron tests.
+
+``spawn(check, world_size, **kwargs)`` starts ``world_size`` fresh processes, initialises
+``torch.distributed`` over gloo and Megatron's parallel groups inside the CPU shim, runs
+``check(**kwargs)`` on every rank and returns each rank's result dict. Each check builds or
+loads the HF reference itself, so parent and children share nothing but files.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Result = dict[str, Any]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(
+    rank: int, world: int, port: int, check: Callable[..., Result], parallel: dict[str, int],
+    kwargs: dict[str, Any], results: Any,
+) -> None:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        import torch.distributed as dist
+
+        from relax_gym.trainer.megatron.config import MegatronConfig
+        from relax_gym.trainer.megatron.model import destroy_model_parallel, init_model_parallel
+        from tests.megatron.cpu_shim import megatron_on_cpu
+
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        with megatron_on_cpu():
+            cfg = MegatronConfig(**parallel)
+            init_model_parallel(cfg)
+            out = check(cfg=cfg, **kwargs)
+            destroy_model_parallel()
+        dist.destroy_process_group()
+        results.put((rank, out, None))
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        results.put((rank, None, traceback.format_exc()))
+
+
+def spawn(
+    check: Callable[..., Result], world_size: int, *, timeout: float = 150.0,
+    parallel: dict[str, int] | None = None, **kwargs: Any,
+) -> list[Result]:
+    """Run ``check`` on ``world_size`` gloo ranks; return results by rank or raise."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_child,
+                    args=(r, world_size, port, check, parallel or {}, kwargs, results))
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    collected: dict[int, Result] = {}
+    errors: list[str] = []
+    try:
+        for _ in range(world_size):
+            rank, out, err = results.get(timeout=timeout)
+            if err:
+                errors.append(f"rank {rank}:\n{err}")
+                break
+            collected[rank] = out
+    except queue.Empty:
+        errors.append(f"timed out after {timeout}s waiting for ranks")
+    finally:
+        for p in procs:
+            p.join(timeout=5 if not errors else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [collected[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------------
+# Per-rank checks (module-level so spawn can pickle them by name).
+
+
+def _hf_logprobs(hf_model: Any, ids: torch.Tensor, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        logits = hf_model(input_ids=ids, **inputs).logits.float()
+    logp = torch.log_softmax(logits, dim=-1)
+    token = logp[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)[:, :-1]
+    return token, entropy
+
+
+def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
+                from_state_dict: bool = False) -> Result:
+    """Load an HF Qwen3 into Megatron; compare logprobs/entropy/grads; export and re-import."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
+    from relax_gym.trainer.megatron.config import dims_from_hf_config
+    from relax_gym.trainer.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
+    from relax_gym.trainer.megatron.model import build_gpt_model
+    from relax_gym.trainer.megatron.sources import SafetensorsSource, StateDictSource
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dims = dims_from_hf_config(hf_config)
+    model = build_gpt_model(dims, cfg).eval()
+    source = StateDictSource(hf.state_dict()) if from_state_dict else SafetensorsSource(model_dir)
+    loaded = load_hf_weights(model, dims, source)
+
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, dims.vocab_size, (2, 16), generator=gen)
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    ref_lp, ref_ent = _hf_logprobs(hf, ids)
+    out: Result = {"loaded": loaded}
+    if ps.get_pipeline_model_parallel_world_size() == 1:  # PP forward needs the schedule
+        with torch.no_grad():
+            logits = model(ids, positions, None)
+        lp, ent = next_token_logprobs(logits, ids, with_entropy=True)
+        assert ent is not None
+        out["local_vocab"] = logits.shape[-1]
+        out["logprob_max_diff"] = float((lp - ref_lp).abs().max())
+        out["entropy_max_diff"] = float((ent - ref_ent).abs().max())
+        # Backward of the vocab-parallel logprob: d(sum logp)/d(local logits) vs autograd on
+        # the full logits, restricted to this rank's vocabulary slice.
+        leaf = logits.detach().requires_grad_(True)
+        lpg, entg = vocab_parallel_logprobs(leaf[:, :-1], ids[:, 1:], with_entropy=True)
+        assert entg is not None
+        (lpg.sum() + 0.5 * entg.sum()).backward()
+        full = [torch.empty_like(logits) for _ in range(ps.get_tensor_model_parallel_world_size())]
+        dist.all_gather(full, logits.contiguous(), group=ps.get_tensor_model_parallel_group())
+        ref_leaf = torch.cat(full, dim=-1).requires_grad_(True)
+        ref_logp = torch.log_softmax(ref_leaf[:, :-1], dim=-1)
+        ref_obj = ref_logp.gather(-1, ids[:, 1:, None]).sum() - 0.5 * (
+            ref_logp.exp() * ref_logp).sum()
+        ref_obj.backward()
+        rank = ps.get_tensor_model_parallel_rank()
+        v = logits.shape[-1]
+        ref_grad = ref_leaf.grad[..., rank * v:(rank + 1) * v]
+        assert leaf.grad is not None
+        out["grad_max_diff"] = float((leaf.grad - ref_grad).abs().max())
+
+    state = hf.state_dict()
+    skip = {"lm_head.weight"} if dims.tied_embeddings else set()
+    seen: list[str] = []
+    identical = True
+    bucket_sizes: list[tuple[int, int]] = []
+    for bucket in iter_hf_buckets(model, dims, bucket_bytes=bucket_bytes):
+        bucket_sizes.append((len(bucket), sum(t.numel() * t.element_size() for _, t in bucket)))
+        for name, tensor in bucket:
+            seen.append(name)
+            identical &= torch.equal(tensor, state[name]) and tensor.dtype == state[name].dtype
+    out["roundtrip_identical"] = bool(identical)
+    out["exported_names_match"] = sorted(seen) == sorted(set(state) - skip)
+    out["no_duplicates"] = len(seen) == len(set(seen))
+    out["bucket_sizes"] = bucket_sizes
+
+    written = save_hf_folder(model, dims, hf_config, export_dir, bucket_bytes=bucket_bytes)
+    dist.barrier()
+    if written is not None:
+        again = AutoModelForCausalLM.from_pretrained(str(written), dtype=torch.float32).eval()
+        again_state = again.state_dict()
+        out["export_reload_identical"] = all(torch.equal(again_state[k], v) for k, v in state.items())
+        out["export_files"] = sorted(p.name for p in Path(written).glob("*.safetensors"))
+    return out
+
+
+def qwen3vl_check(cfg: Any, model_dir: str, image_path: str, export_dir: str,
+                  bucket_bytes: int) -> Result:
+    """Load an HF Qwen3-VL into Megatron + HF vision tower; compare logprobs on an image."""
+    import torch.distributed as dist
+    from PIL import Image
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    from relax_gym.trainer.megatron.bridge import iter_hf_buckets, save_hf_folder
+    from relax_gym.trainer.megatron.logprobs import next_token_logprobs
+    from relax_gym.trainer.megatron.sources import SafetensorsSource
+    from relax_gym.trainer.megatron.vl import Qwen3VLMegatron, mrope_position_ids
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    hf = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    vision = hf_config.vision_config
+    merge = vision.spatial_merge_size
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+        merge_size=merge, min_pixels=32 * 32, max_pixels=128 * 128,
+    )
+    enc = processor(images=[Image.open(image_path).convert("RGB")], return_tensors="pt")
+    pixel_values, grid = enc["pixel_values"], enc["image_grid_thw"]
+    n_pad = int(grid.prod()) // merge**2
+    text_ids = torch.randint(0, 400, (13,), generator=torch.Generator().manual_seed(3)).tolist()
+    ids = torch.tensor([text_ids[:4] + [hf_config.vision_start_token_id]
+                        + [hf_config.image_token_id] * n_pad
+                        + [hf_config.vision_end_token_id] + text_ids[4:]])
+    mm_types = (ids == hf_config.image_token_id).int()
+    ref_lp, ref_ent = _hf_logprobs(hf, ids, pixel_values=pixel_values, image_grid_thw=grid,
+                                   mm_token_type_ids=mm_types)
+    hf_positions, _ = hf.model.get_rope_index(ids, mm_types, grid)
+
+    model = Qwen3VLMegatron(hf_config, cfg).eval()
+    out: Result = {"loaded": model.load_hf(SafetensorsSource(model_dir))}
+    positions = mrope_position_ids(ids, hf_config.image_token_id, grid, merge)
+    out["positions_match_hf"] = bool(torch.equal(positions, hf_positions))
+    with torch.no_grad():
+        logits = model(ids, pixel_values=pixel_values, image_grid_thw=grid)
+        flat = model(ids, position_ids=torch.arange(ids.shape[1]).expand(3, 1, -1),
+                     pixel_values=pixel_values, image_grid_thw=grid)
+    lp, ent = next_token_logprobs(logits, ids, with_entropy=True)
+    flat_lp, _ = next_token_logprobs(flat, ids)
+    assert ent is not None
+    out["n_image_tokens"] = n_pad
+    out["logprob_max_diff"] = float((lp - ref_lp).abs().max())
+    out["entropy_max_diff"] = float((ent - ref_ent).abs().max())
+    out["flat_positions_diff"] = float((flat_lp - ref_lp).abs().max())
+
+    state = hf.state_dict()
+    identical = True
+    seen = []
+    for bucket in iter_hf_buckets(model.language_model, model.dims, bucket_bytes=bucket_bytes):
+        for name, tensor in bucket:
+            seen.append(name)
+            identical &= torch.equal(tensor, state[name])
+    for name, tensor in model.vision_hf_tensors():
+        seen.append(name)
+        identical &= torch.equal(tensor, state[name])
+    skip = {"lm_head.weight"} if model.dims.tied_embeddings else set()
+    out["roundtrip_identical"] = bool(identical)
+    out["exported_names_match"] = sorted(seen) == sorted(set(state) - skip)
+    written = save_hf_folder(model.language_model, model.dims, hf_config, export_dir,
+                             bucket_bytes=bucket_bytes, extra_tensors=model.vision_hf_tensors())
+    dist.barrier()
+    if written is not None:
+        again = Qwen3VLForConditionalGeneration.from_pretrained(str(written), dtype=torch.float32)
+        again_lp, _ = _hf_logprobs(again.eval(), ids, pixel_values=pixel_values,
+                                   image_grid_thw=grid, mm_token_type_ids=mm_types)
+        out["export_reload_logprobs_equal"] = bool(torch.equal(again_lp, ref_lp))
+    return out
