@@ -40,6 +40,11 @@ from relax_gym.rewards.registry import (
 )
 from relax_gym.rewards.types import Failure, RewardError, RewardInput, RewardResult
 
+# Built-in rule rewards register themselves on import.
+from relax_gym.rewards import grounding as _grounding  # noqa: E402,F401
+from relax_gym.rewards import shaping as _shaping  # noqa: E402,F401
+from relax_gym.rewards import text as _text  # noqa: E402,F401
+
 __all__ = [
     "Equivalence",
     "Failure",

@@ -107,9 +107,19 @@ def _unwrap(node: Node) -> Node:
     return node
 
 
+def _align(p: Node, r: Node) -> tuple[Node, Node]:
+    """Unwrap one-element sets; an assignment facing an equation becomes an equation again."""
+    p, r = _unwrap(p), _unwrap(r)
+    if isinstance(p, Equation) and isinstance(r, Scalar) and r.lhs is not None:
+        r = Equation(f"{r.lhs} = {r.text}")
+    elif isinstance(r, Equation) and isinstance(p, Scalar) and p.lhs is not None:
+        p = Equation(f"{p.lhs} = {p.text}")
+    return p, r
+
+
 def _collect(p: Node, r: Node, scalars: set[tuple[str, str]], equations: set[tuple[str, str]]) -> None:
     """Every scalar / equation comparison that ``_compare`` may ask for."""
-    p, r = _unwrap(p), _unwrap(r)
+    p, r = _align(p, r)
     if isinstance(p, Scalar) and isinstance(r, Scalar):
         scalars.update(_scalar_pairs(p, r))
     elif isinstance(p, Equation) and isinstance(r, Equation):
@@ -126,7 +136,7 @@ def _collect(p: Node, r: Node, scalars: set[tuple[str, str]], equations: set[tup
 
 
 def _compare(p: Node, r: Node, table: dict[tuple[str, str, str], bool]) -> bool:
-    p, r = _unwrap(p), _unwrap(r)
+    p, r = _align(p, r)
     if isinstance(p, Scalar) and isinstance(r, Scalar):
         return any(table.get(("s", a, b), False) for a, b in _scalar_pairs(p, r))
     if isinstance(p, Equation) and isinstance(r, Equation):

@@ -108,6 +108,8 @@ def extract_answer(text: str, *, fallback: str = "short") -> tuple[str | None, s
     if marked:
         return strip_math_delimiters(marked), "marker"
     stripped = text.strip()
+    if boxes or _BOX.search(text[-MAX_SCAN_CHARS:]):
+        return None, "none"  # the model tried to box an answer but the box is empty or unclosed
     if fallback == "short" and stripped and "\n" not in stripped and len(stripped) < 200:
         return strip_math_delimiters(stripped).rstrip("."), "whole"
     return None, "none"

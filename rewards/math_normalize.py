@@ -119,8 +119,12 @@ def answer_key(s: str) -> str:
 # ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Scalar:
+    """One value. ``lhs`` keeps the variable of an assignment (``y = 2x+1`` -> ``2x+1`` with
+    lhs ``y``) so it can still be compared with an equation such as ``2y = 4x + 2``."""
+
     text: str
     percent: bool = False
+    lhs: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +224,10 @@ def parse_node(s: str) -> Node:
     sides = [p for p in split_top(s, "=")]
     if len(sides) >= 2 and not re.search(r"[<>!:]$", sides[0]) and all(sides):
         if all(_VARIABLE.match(p) for p in sides[:-1]):
-            return parse_node(sides[-1])  # "x = 3" -> 3; "x = y = 3" -> 3
+            value = parse_node(sides[-1])  # "x = 3" -> 3; "x = y = 3" -> 3
+            if isinstance(value, Scalar) and not value.percent and len(sides) == 2:
+                return Scalar(value.text, lhs=sides[0])
+            return value
         if len(sides) == 2:
             return Equation(s)
     if s.endswith("%"):
