@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from relax_gym.rewards.registry import RewardFn, Score
 from relax_gym.rewards.types import Failure, RewardError, RewardInput, RewardResult, finite_float
 
@@ -176,6 +178,8 @@ async def run_group(rf: RewardFn, samples: Sequence[RewardInput], kwargs: dict[s
     except Exception as exc:  # noqa: BLE001
         out = _failure_from_exception(exc, what)
         return [Outcome(failure=out.failure, details=dict(out.details)) for _ in range(n)]
+    if isinstance(values, np.ndarray):
+        values = values.tolist()
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Sequence) or len(values) != n:
         got = f"{len(values)} results" if isinstance(values, Sequence) and not isinstance(values, (str, bytes)) else type(values).__name__
         return [Outcome.failed("invalid", f"{what} is a group reward: it must return {n} results, got {got}")

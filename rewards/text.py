@@ -23,6 +23,7 @@ try:  # `regex` releases the GIL while matching and supports a timeout; stdlib `
 except ImportError:  # pragma: no cover - exercised only where `regex` is missing
     _regex = None
 
+_REGEX_ERRORS: tuple[type[Exception], ...] = (re.error, ValueError) + ((_regex.error,) if _regex else ())
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.IGNORECASE)
 _PUNCT = str.maketrans("", "", string.punctuation)
 
@@ -110,7 +111,7 @@ def regex_match(
                 hit = getattr(re.compile(pat, flags), mode)(got)
         except TimeoutError:
             raise RewardError("timeout", f"regex {pat!r} ran past {timeout_s} s") from None
-        except (re.error, ValueError) as exc:  # regex.error subclasses ValueError
+        except _REGEX_ERRORS as exc:
             raise RewardError("config", f"invalid regex {pat!r}: {exc}") from None
         if hit:
             return Score(1.0, details={"pattern": pat})
@@ -141,7 +142,8 @@ def token_f1(sample: RewardInput, *, extract: str = "answer") -> Score:
 # ------------------------------------------------------------------------------------------------
 # multiple choice
 # ------------------------------------------------------------------------------------------------
-_LETTER_ONLY = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?(?:\s|$)")
+_LETTER_ONLY = re.compile(r"^\(?\s*([A-Za-z])\s*\)?\s*[.:)]?$")  # "B", "(b)", "B."
+_LETTER_LEAD = re.compile(r"^(?:\(\s*([A-Z])\s*\)|([A-Z])[.:)])\s")  # "(B) red", "B. red", "B) red"
 _ANSWER_LETTER = re.compile(r"(?i:answer|option|choice)\s*(?i:is)?\s*:?\s*\(?\s*([A-Z])\s*\)?(?![A-Za-z])")
 _PAREN_LETTER = re.compile(r"\(([A-Z])\)")
 
@@ -156,11 +158,15 @@ def _choices(sample: RewardInput, choices: Sequence[str] | None) -> list[str]:
 
 
 def _letter_of(text: str, options: list[str], valid: str) -> str | None:
-    """A letter from a short answer: ``B``, ``(B)``, ``B.``, ``B) text``, or an option's text."""
+    """A letter from a short answer: ``B``, ``(b)``, ``B.``, ``(B) text``, ``B) text``, or an
+    option's text. A lower-case letter counts only on its own ("a triangle" is not option A)."""
     text = text.strip()
     m = _LETTER_ONLY.match(text)
     if m and m.group(1).upper() in valid:
         return m.group(1).upper()
+    m = _LETTER_LEAD.match(text)
+    if m and (m.group(1) or m.group(2)) in valid:
+        return m.group(1) or m.group(2)
     norm = normalize_text(text)
     for i, opt in enumerate(options):
         if norm and norm == normalize_text(opt):
