@@ -179,6 +179,19 @@ def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
         again_state = again.state_dict()
         out["export_reload_identical"] = all(torch.equal(again_state[k], v) for k, v in state.items())
         out["export_files"] = sorted(p.name for p in Path(written).glob("*.safetensors"))
+
+    # Bad checkpoints fail loudly and name the tensor (run last: a failed load is partial).
+    from relax_gym.trainer.megatron.config import MegatronBridgeError
+
+    layer0 = f"{dims.hf_prefix}layers.0."
+    missing = {k: v for k, v in state.items() if k != layer0 + "mlp.up_proj.weight"}
+    wrong = dict(state, **{layer0 + "input_layernorm.weight": torch.ones(3)})
+    for key, bad in (("missing_error", missing), ("shape_error", wrong)):
+        try:
+            load_hf_weights(model, dims, StateDictSource(bad))
+            out[key] = None
+        except MegatronBridgeError as exc:
+            out[key] = str(exc)
     return out
 
 

@@ -42,6 +42,8 @@ def test_tp1_tied_from_state_dict(tmp_path: Path) -> None:
     _check_common(results, tp=1, vocab=256, bucket_bytes=40_000)
     assert len(results[0]["bucket_sizes"]) > 3  # streamed, not one blob
     assert len(results[0]["export_files"]) == len(results[0]["bucket_sizes"])
+    assert "model.layers.0.mlp.up_proj.weight" in results[0]["missing_error"]
+    assert "input_layernorm" in results[0]["shape_error"] and "(3,)" in results[0]["shape_error"]
 
 
 def test_tp2_untied_gqa_from_safetensors(tmp_path: Path) -> None:

@@ -156,6 +156,9 @@ def check_parallel_layout(dims: ModelDims, cfg: MegatronConfig) -> None:
         problems.append(f"num_attention_heads={dims.num_heads} is not divisible by tp={tp}")
     if dims.num_kv_heads % tp and tp % dims.num_kv_heads:
         problems.append(f"num_key_value_heads={dims.num_kv_heads} and tp={tp} do not divide")
+    qkv_rows = (dims.num_heads + 2 * dims.num_kv_heads) * dims.head_dim
+    if qkv_rows % tp:
+        problems.append(f"the {qkv_rows} fused q/k/v rows do not split over tp={tp}")
     if dims.ffn_hidden_size % tp:
         problems.append(f"intermediate_size={dims.ffn_hidden_size} is not divisible by tp={tp}")
     if dims.vocab_size % tp:
