@@ -46,6 +46,28 @@ class ShippedEnv:
 
 SHIPPED: tuple[ShippedEnv, ...] = (
     ShippedEnv(
+        "relax/ArithmeticWord-v0", "relax_gym.envs.arithmetic:ArithmeticWordEnv", "text",
+        ("text",), ("math", "text"), 1,
+        "solve an arithmetic word problem directly, without tools",
+    ),
+    ShippedEnv(
+        "relax/Mastermind-v0", "relax_gym.envs.mastermind:MastermindEnv", "text",
+        ("text",), ("multi-turn", "game", "logic"), 12,
+        "crack a hidden digit code from exact/misplaced feedback",
+    ),
+    ShippedEnv(
+        "relax/GridMaze-v0", "relax_gym.envs.grid_maze:GridMazeEnv", "game",
+        ("text", "image"), ("multi-turn", "game", "navigation"), 24,
+        "walk a maze to the goal, a few moves per turn (render=text|image)",
+        text_kwargs={"render": "text"}, vision_kwargs={"render": "image"},
+    ),
+    ShippedEnv(
+        "relax/Sokoban-v0", "relax_gym.envs.sokoban:SokobanEnv", "game",
+        ("text", "image"), ("multi-turn", "game", "planning"), 24,
+        "push every box onto a target, a few moves per turn (render=text|image)",
+        text_kwargs={"render": "text"}, vision_kwargs={"render": "image"},
+    ),
+    ShippedEnv(
         "relax/SenseCount-v0", "relax_gym.envs.sense_count:SenseCountEnv", "multimodal",
         ("text", "image", "audio", "video"), ("counting", "multimodal"), 1,
         "count dots (image) + beeps (audio) + flashes (video)",
@@ -84,6 +106,16 @@ SHIPPED: tuple[ShippedEnv, ...] = (
         "relax/MorseDecode-v0", "relax_gym.envs.morse:MorseDecodeEnv", "audio",
         ("text", "audio"), ("audio", "decoding"), 1,
         "decode a word sent as Morse-code beeps",
+    ),
+    ShippedEnv(
+        "relax/MotionTrack-v0", "relax_gym.envs.motion_track:MotionTrackEnv", "video",
+        ("text", "video"), ("video", "tracking"), 1,
+        "follow a bouncing ball: direction, bounces or final quadrant",
+    ),
+    ShippedEnv(
+        "relax/FrameOrder-v0", "relax_gym.envs.frame_order:FrameOrderEnv", "video",
+        ("text", "video"), ("video", "ordering", "temporal"), 1,
+        "put the lettered, shuffled shots of a process in time order",
     ),
 )
 
