@@ -1,0 +1,70 @@
+"""The asynchronous multi-turn rollout manager: exact token-level trajectories from environments.
+
+* :class:`RolloutManager` -- runs episodes concurrently (per-episode asyncio tasks) and returns
+  :class:`Trajectory` samples;
+* :class:`EngineRouter` -- least-loaded routing with session affinity over several SGLang-protocol
+  engines, health checks, failover, pause/continue/abort, weight sync, elastic add/drain;
+* :class:`ChatCodec` -- the chat-template rules for token-in/token-out (prompt, glue, observation
+  deltas, drift check);
+* :class:`ControlServer` -- the token-protected REST API that adds and removes engines at run time.
+
+See ``docs/rollout.md``.
+"""
+
+from .chat import ChatCodec, Rendered, TemplateError, ThinkPolicy, VisionSupport
+from .config import RolloutConfig
+from .episode import EpisodeRunner, EpisodeSpec
+from .manager import RolloutManager
+from .metrics import RolloutMetrics
+from .router import EngineHandle, EngineRouter, NoEngineAvailable, WeightSyncError, parse_weight_version
+from .trajectory import (
+    FAILED_STOP_REASONS,
+    STOP_REASONS,
+    DriftReport,
+    StopReason,
+    Trajectory,
+    TrajectoryError,
+    TurnRecord,
+    iter_jsonl,
+    load_jsonl,
+    save_jsonl,
+)
+
+
+def __getattr__(name: str) -> object:
+    # The control server pulls in FastAPI/uvicorn; load it only when asked for.
+    if name == "ControlServer":
+        from .control import ControlServer
+
+        return ControlServer
+    raise AttributeError(name)
+
+
+__all__ = [
+    "FAILED_STOP_REASONS",
+    "STOP_REASONS",
+    "ChatCodec",
+    "ControlServer",
+    "DriftReport",
+    "EngineHandle",
+    "EngineRouter",
+    "EpisodeRunner",
+    "EpisodeSpec",
+    "NoEngineAvailable",
+    "Rendered",
+    "RolloutConfig",
+    "RolloutManager",
+    "RolloutMetrics",
+    "StopReason",
+    "TemplateError",
+    "ThinkPolicy",
+    "Trajectory",
+    "TrajectoryError",
+    "TurnRecord",
+    "VisionSupport",
+    "WeightSyncError",
+    "iter_jsonl",
+    "load_jsonl",
+    "parse_weight_version",
+    "save_jsonl",
+]

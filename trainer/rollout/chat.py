@@ -1,0 +1,375 @@
+"""Chat-template rules for token-in/token-out rollouts, derived from the model's own template.
+
+The rollout manager never re-tokenizes what the model wrote. It needs four things from the chat
+template, and :class:`ChatCodec` derives each from renders of the real template rather than from
+hard-coded strings:
+
+* the **prompt** -- the first observation rendered with ``add_generation_prompt=True``, tools
+  included;
+* the **closing glue** -- what the template writes after an assistant message's content (for
+  Qwen: ``<|im_end|>`` then ``\\n``), found by rendering a sentinel assistant message. After a
+  generated segment we append the part of it the engine did not already sample;
+* the **observation delta** -- the tokens of new env/tool messages plus the next generation
+  prompt, by *render and trim*: render a fixed base conversation, render base + new messages
+  with ``add_generation_prompt=True``, keep the suffix. The base is chosen per call from a short
+  list of candidates and the prefix property is verified, never assumed;
+* the **full re-render** used at episode end to check the incremental tokens (see
+  :meth:`ChatCodec.check_drift`).
+
+Qwen3's template drops the ``<think>`` block of assistant turns that precede the latest user
+query. The ``keep`` policy keeps the tokens the engine really saw (reasoning included) and
+labels the difference ``think_dropped``; the ``split`` policy re-renders the context at such a
+user turn and starts a new training sample (see ``docs/rollout.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from relax_gym.errors import RelaxGymError
+
+from .trajectory import DriftReport
+
+ThinkPolicy = Literal["keep", "split"]
+_SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"
+_MEDIA_TYPES = ("image", "audio", "video")
+
+
+class TemplateError(RelaxGymError, ValueError):
+    """The chat template cannot render an observation as a delta (e.g. it rejects the role order)."""
+
+
+@dataclass(slots=True)
+class VisionSupport:
+    """What a Qwen-VL model needs beyond its tokenizer: the image processor and the marker ids."""
+
+    image_processor: Any
+    image_token_id: int
+    merge_size: int
+
+    def grids(self, images: Sequence[Any]) -> list[list[int]]:
+        """The ``(t, h, w)`` patch grid of each image, from the model's own processor."""
+        if not images:
+            return []
+        out = self.image_processor(images=[im.convert("RGB") for im in images], return_tensors="np")
+        return [[int(x) for x in g] for g in out["image_grid_thw"]]
+
+    def pad_count(self, grid: Sequence[int]) -> int:
+        t, h, w = (int(x) for x in grid)
+        return t * h * w // (self.merge_size**2)
+
+
+@dataclass(slots=True)
+class Rendered:
+    """Token ids for a piece of context plus the images whose placeholders it holds."""
+
+    ids: list[int]
+    text: str
+    images: list[Any] = field(default_factory=list)
+    grids: list[list[int]] = field(default_factory=list)
+
+
+class ChatCodec:
+    """Renders and tokenizes chat context for one model; see the module docstring."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        vision: VisionSupport | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template or tokenizer.chat_template
+        if not self.chat_template:
+            raise TemplateError("the tokenizer has no chat template; pass chat_template=")
+        self.template_kwargs = dict(template_kwargs or {})
+        self.vision = vision
+        self._compiled = _compile(self.chat_template)
+        self._special_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
+        self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
+        self._base_cache: dict[tuple[int, str], str] = {}
+        self.closing_glue: list[int] = self._derive_closing_glue()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, template_kwargs: dict[str, Any] | None = None) -> ChatCodec:
+        """Load the tokenizer (and for a Qwen-VL folder, its image processor) saved beside a model."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        folder = Path(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        vision = None
+        if (folder / "preprocessor_config.json").is_file():
+            from relax_gym.trainer.models import VisionTokens, load_image_processor
+
+            tokens = VisionTokens.from_config(AutoConfig.from_pretrained(str(folder)))
+            vision = VisionSupport(load_image_processor(folder), tokens.image_token_id, tokens.merge_size)
+        return cls(tokenizer, template_kwargs=template_kwargs, vision=vision)
+
+    # -- primitives -------------------------------------------------------------------------------
+    def render(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
+               add_generation_prompt: bool = False) -> str:
+        """The chat template applied to ``messages`` (what ``apply_chat_template(tokenize=False)``
+        returns, through a cached compiled template)."""
+        kwargs = {**self._special_kwargs, **self.template_kwargs}
+        try:
+            if self._compiled is not None:
+                return self._compiled.render(messages=list(messages), tools=list(tools) if tools else None,
+                                             documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
+            return self.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
+                list(messages), tools=list(tools) if tools else None, tokenize=False,
+                add_generation_prompt=add_generation_prompt, chat_template=self.chat_template,
+                **self.template_kwargs,
+            )
+        except Exception as exc:  # jinja's raise_exception and friends
+            raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
+                                         clean_up_tokenization_spaces=False))
+
+    # -- messages -----------------------------------------------------------------------------------
+    def adapt_messages(self, messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """Make env messages (``format_observation(obs, "hf")``) renderable by this model.
+
+        Media parts the model cannot take (any media for a text model; audio and video here) become
+        a short text placeholder; text-only content collapses to a string, as text templates
+        expect. Returns the messages and how many parts were replaced.
+        """
+        out: list[dict[str, Any]] = []
+        replaced = 0
+        for msg in messages:
+            content = msg.get("content")
+            if isinstance(content, list):
+                parts: list[Any] = []
+                for part in content:
+                    kind = part.get("type") if isinstance(part, dict) else None
+                    if kind in _MEDIA_TYPES and not (kind == "image" and self.vision is not None):
+                        parts.append({"type": "text", "text": _placeholder(part)})
+                        replaced += 1
+                    else:
+                        parts.append(part)
+                if all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+                    content = "".join(p["text"] for p in parts)
+                else:
+                    content = parts
+            out.append({**msg, "content": content if content is not None else ""})
+        return out, replaced
+
+    @staticmethod
+    def images_of(messages: Sequence[dict[str, Any]]) -> list[Any]:
+        """The image objects of ``messages`` in the order their placeholders render."""
+        images: list[Any] = []
+        for msg in messages:
+            content = msg.get("content")
+            if isinstance(content, list):
+                images.extend(p["image"] for p in content if isinstance(p, dict) and p.get("type") == "image")
+        return images
+
+    def _tokenize_rendered(self, text: str, images: list[Any]) -> Rendered:
+        ids = self.encode(text)
+        grids: list[list[int]] = []
+        if images:
+            if self.vision is None:
+                raise TemplateError("images given to a model without an image processor")
+            grids = self.vision.grids(images)
+            ids = _expand_runs(ids, self.vision.image_token_id, [self.vision.pad_count(g) for g in grids])
+        return Rendered(ids, text, list(images), grids)
+
+    # -- the four rules -------------------------------------------------------------------------------
+    def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Rendered:
+        """The initial context: ``messages`` rendered with the generation prompt, image pads
+        expanded to each image's patch count."""
+        text = self.render(messages, tools=tools, add_generation_prompt=True)
+        return self._tokenize_rendered(text, self.images_of(messages))
+
+    def _derive_closing_glue(self) -> list[int]:
+        msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
+        text = self.render(msgs)
+        if text.count(_SENTINEL) != 1:
+            raise TemplateError("cannot find the assistant content in the template's render")
+        return self.encode(text.split(_SENTINEL, 1)[1])
+
+    def split_segment(self, segment: Sequence[int]) -> tuple[int, list[int]]:
+        """For a generated segment, return ``(k, glue)``: the segment's last ``k`` tokens already
+        are the start of the closing glue (e.g. the sampled ``<|im_end|>``), and ``glue`` is the
+        rest of it, to append with loss mask 0."""
+        glue = self.closing_glue
+        for k in range(min(len(glue), len(segment)), 0, -1):
+            if list(segment[len(segment) - k:]) == glue[:k]:
+                return k, glue[k:]
+        return 0, list(glue)
+
+    def observation_delta(self, new_messages: Sequence[dict[str, Any]],
+                          tools: Sequence[dict[str, Any]] | None = None) -> Rendered:
+        """Tokens for new env/tool messages followed by the next generation prompt.
+
+        Render-and-trim against the first base conversation for which the prefix property holds
+        (the render of base + new starts with the render of base).
+        """
+        if not new_messages:
+            raise TemplateError("an observation delta needs at least one message")
+        errors: list[str] = []
+        for idx, base in enumerate(_BASES):
+            key = (idx, json.dumps(tools, sort_keys=True) if tools else "")
+            try:
+                base_text = self._base_cache.get(key)
+                if base_text is None:
+                    base_text = self._base_cache[key] = self.render(base, tools=tools)
+                full = self.render([*base, *new_messages], tools=tools, add_generation_prompt=True)
+            except TemplateError as exc:
+                errors.append(str(exc))
+                continue
+            if full.startswith(base_text):
+                return self._tokenize_rendered(full[len(base_text):], self.images_of(new_messages))
+            errors.append(f"base {idx}: prefix property does not hold")
+        raise TemplateError("cannot render the observation as a delta: " + "; ".join(errors))
+
+    # -- drift -----------------------------------------------------------------------------------------
+    def expected_context(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None,
+                         *, keep_reasoning: bool) -> str:
+        """The template's render of a whole conversation with the next generation prompt.
+
+        With ``keep_reasoning`` each assistant message carries an explicit empty
+        ``reasoning_content`` so templates that strip reasoning from earlier turns render the
+        assistant text verbatim -- the render the ``keep`` policy's tokens follow.
+        """
+        msgs = [
+            {**m, "reasoning_content": ""} if keep_reasoning and m.get("role") == "assistant" else m
+            for m in messages
+        ]
+        return self.render(msgs, tools=tools, add_generation_prompt=True)
+
+    def template_drops_reasoning(self, messages: Sequence[dict[str, Any]],
+                                 tools: Sequence[dict[str, Any]] | None = None) -> bool:
+        """Whether the template renders this conversation differently from the verbatim one
+        (it drops earlier reasoning): the ``split`` policy's cue to start a new sample."""
+        return self.expected_context(messages, tools, keep_reasoning=False) != self.expected_context(
+            messages, tools, keep_reasoning=True
+        )
+
+    def check_drift(self, context_ids: Sequence[int], messages: Sequence[dict[str, Any]],
+                    tools: Sequence[dict[str, Any]] | None, *, policy: ThinkPolicy) -> DriftReport:
+        """Compare incrementally built context tokens with a full re-render of ``messages``.
+
+        ``context_ids`` are the tokens up to the last generation prompt and ``messages`` the
+        conversation they encode (assistant messages hold the raw generated text). The check is
+        on text (our ids decoded, image-pad runs collapsed), because sampled tokens need not be
+        the canonical tokenization of their text; env and glue tokens come from the tokenizer, so
+        equal text means equal tokens there.
+        """
+        ours = self.decode(self._collapse_images(context_ids))
+        try:
+            plain = self.expected_context(messages, tools, keep_reasoning=False)
+            if ours == plain:
+                return DriftReport(kind="none", expected=True)
+            kept = self.expected_context(messages, tools, keep_reasoning=True)
+        except TemplateError as exc:
+            return DriftReport(kind="template", expected=False, detail=f"re-render failed: {exc}")
+        if ours == kept:
+            return DriftReport(kind="think_dropped", expected=policy == "keep",
+                               mismatched_chunks=_count_diff_regions(ours, plain),
+                               first_mismatch_token=self._first_token_mismatch(context_ids, plain),
+                               detail="the template drops reasoning of earlier turns; the tokens keep it")
+        return DriftReport(kind="template", expected=False, mismatched_chunks=_count_diff_regions(ours, plain),
+                           first_mismatch_token=self._first_token_mismatch(context_ids, plain),
+                           detail=_first_diff(ours, plain))
+
+    def _collapse_images(self, ids: Sequence[int]) -> list[int]:
+        if self.vision is None:
+            return list(ids)
+        pad = self.vision.image_token_id
+        out: list[int] = []
+        for t in ids:
+            if t == pad and out and out[-1] == pad:
+                continue
+            out.append(t)
+        return out
+
+    def _first_token_mismatch(self, context_ids: Sequence[int], text: str) -> int | None:
+        ref = self.encode(text)
+        ours = self._collapse_images(context_ids)
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            if a != b:
+                return i
+        return None if len(ours) == len(ref) else min(len(ours), len(ref))
+
+
+# Base conversations for render-and-trim, tried in a fixed order so a delta never depends on the
+# episode's history. The first ends with an assistant turn (with reasoning, which Qwen3 keeps
+# before tool results), as a real conversation does; the second is the minimal fallback for
+# templates that re-render that turn once a new user query follows.
+_BASES: tuple[list[dict[str, Any]], ...] = (
+    [{"role": "user", "content": "base"},
+     {"role": "assistant", "content": "<think>\nbase\n</think>\n\nbase", "reasoning_content": "base"}],
+    [{"role": "user", "content": "base"}],
+)
+
+
+def _compile(template: str) -> Any | None:
+    """transformers' cached compiled template (same filters and globals as apply_chat_template),
+    about 5x faster than apply_chat_template per call; None falls back to the public API."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return _compile_jinja_template(template)
+    except Exception:  # pragma: no cover - depends on the transformers version
+        return None
+
+
+def _placeholder(part: dict[str, Any]) -> str:
+    kind = part.get("type", "media")
+    if kind == "image" and hasattr(part.get("image"), "size"):
+        w, h = part["image"].size
+        return f"[image: {w}x{h}]"
+    if kind == "audio" and part.get("sampling_rate"):
+        return f"[audio: {len(part.get('audio', [])) / float(part['sampling_rate']):.2f} s]"
+    if kind == "video" and hasattr(part.get("video"), "shape"):
+        return f"[video: {part['video'].shape[0]} frames]"
+    return f"[{kind}]"
+
+
+def _expand_runs(ids: list[int], token_id: int, counts: list[int]) -> list[int]:
+    """Give the k-th run of ``token_id`` exactly ``counts[k]`` tokens (runs of 1 are expanded)."""
+    out: list[int] = []
+    k, i, n = 0, 0, len(ids)
+    while i < n:
+        if ids[i] != token_id:
+            out.append(ids[i])
+            i += 1
+            continue
+        j = i
+        while j < n and ids[j] == token_id:
+            j += 1
+        if k >= len(counts):
+            raise TemplateError(f"more image placeholders than images ({len(counts)})")
+        if j - i not in (1, counts[k]):
+            raise TemplateError(f"image {k}: placeholder run of {j - i} tokens; expected 1 or {counts[k]}")
+        out.extend([token_id] * counts[k])
+        k += 1
+        i = j
+    if k != len(counts):
+        raise TemplateError(f"{k} image placeholders for {len(counts)} images")
+    return out
+
+
+def _count_diff_regions(a: str, b: str) -> int:
+    import difflib
+
+    return sum(1 for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal")
+
+
+def _first_diff(a: str, b: str) -> str:
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return f"first difference at char {i}: tokens {a[max(0, i - 20):i + 40]!r} vs render {b[max(0, i - 20):i + 40]!r}"
+
+
+__all__ = ["ChatCodec", "Rendered", "TemplateError", "ThinkPolicy", "VisionSupport"]

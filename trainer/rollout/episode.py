@@ -1,0 +1,587 @@
+"""One episode, token-in/token-out: env.reset -> [generate -> env.step -> observation delta] x turns.
+
+:class:`EpisodeRunner` owns the token lists while the episode runs and turns them into
+:class:`Trajectory` samples at the end. The rules (see ``docs/rollout.md``):
+
+* the prompt is the first observation rendered by the chat template with the tools, mask 0;
+* each generated segment is appended from the engine's ``output_ids`` with its logprobs, mask 1
+  and the weight version that sampled each token;
+* the template's closing glue follows (only the part the engine did not sample), mask 0;
+* each observation is appended as a render-and-trim delta ending in the next generation
+  prompt, mask 0; its images join the request's ``image_data`` after the earlier ones;
+* an aborted segment (pause for a weight update) keeps its tokens and is continued by the next
+  request; a failed request is retried on another engine from the last completed state;
+* nothing raises out of :meth:`EpisodeRunner.run`: every failure becomes a stop reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_gym.core import Env
+from relax_gym.media import image_to_data_url
+from relax_gym.protocol import (
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingParams,
+)
+from relax_gym.types import Action, ImagePart, Message, Observation, ToolCall
+
+from .chat import ChatCodec, Rendered, TemplateError
+from .config import RolloutConfig
+from .metrics import RolloutMetrics
+from .router import EngineRouter, NoEngineAvailable, parse_weight_version
+from .trajectory import DriftReport, StopReason, Trajectory, TurnRecord, json_safe
+
+TurnGate = Callable[[], Awaitable[None]]
+
+
+class _EpisodeStop(Exception):
+    """Ends the episode with a stop reason (internal control flow)."""
+
+    def __init__(self, reason: StopReason, error: str | None = None) -> None:
+        super().__init__(error or reason)
+        self.reason = reason
+        self.error = error
+
+
+@dataclass(slots=True)
+class Segment:
+    """One assistant turn's generated tokens, possibly gathered over several requests."""
+
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: str = "stop"
+    engine_ids: list[str] = field(default_factory=list)
+    latency_s: float = 0.0
+    resumes: int = 0
+    failovers: int = 0
+
+
+@dataclass(slots=True)
+class _Part:
+    """The token lists of one training sample under construction."""
+
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    prompt_length: int = 0
+    images: list[ImagePart] = field(default_factory=list)
+    grids: list[list[int]] = field(default_factory=list)
+    payloads: list[str] = field(default_factory=list)  # image_data for the engine, one per image
+    turns: list[TurnRecord] = field(default_factory=list)
+    context: list[dict[str, Any]] = field(default_factory=list)  # template messages the ids encode
+    context_end: int = 0  # len(ids) at the last generation prompt
+
+    def add_context(self, rendered: Rendered) -> None:
+        n = len(rendered.ids)
+        self.ids.extend(rendered.ids)
+        self.mask.extend([0] * n)
+        self.logprobs.extend([0.0] * n)
+        self.versions.extend([-1] * n)
+        for image, grid in zip(rendered.images, rendered.grids, strict=True):
+            rgb = image.convert("RGB")
+            self.images.append(ImagePart(rgb))
+            self.grids.append(grid)
+            self.payloads.append(image_to_data_url(rgb))
+
+    def add_glue(self, ids: list[int]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.versions.extend([-1] * len(ids))
+
+    def add_sampled(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        self.ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+        self.versions.extend(versions)
+
+
+@dataclass(slots=True)
+class EpisodeSpec:
+    """What to run: an env (registered id, or a factory with ``env_id`` as its label), a seed,
+    reset options. ``group_id`` defaults to ``"<env_id>#<seed>"``: all samples of a group share
+    the env and seed (the same prompt) for GRPO-style advantages."""
+
+    env_id: str
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    env_factory: Callable[[], Env] | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def group(self) -> str:
+        return self.group_id if self.group_id is not None else f"{self.env_id}#{self.seed}"
+
+
+class EpisodeRunner:
+    """Runs one episode against the router and returns its training sample(s)."""
+
+    def __init__(self, *, spec: EpisodeSpec, sample_index: int, episode_id: str, router: EngineRouter,
+                 codec: ChatCodec, config: RolloutConfig, metrics: RolloutMetrics,
+                 turn_gate: TurnGate | None = None, stopping: asyncio.Event | None = None) -> None:
+        self.spec = spec
+        self.sample_index = sample_index
+        self.episode_id = episode_id
+        self.router = router
+        self.codec = codec
+        self.config = config
+        self.metrics = metrics
+        self.turn_gate = turn_gate
+        self.stopping = stopping or asyncio.Event()
+        self.parts: list[_Part] = [_Part()]
+        self.messages: list[Message] = []
+        self.tools: list[dict[str, Any]] = []
+        self.reward = 0.0
+        self.reward_components: dict[str, float] = {}
+        self.success = False
+        self._requests = 0
+
+    @property
+    def part(self) -> _Part:
+        return self.parts[-1]
+
+    # -- the loop -------------------------------------------------------------------------------------
+    async def run(self) -> list[Trajectory]:
+        self.metrics.episodes_started += 1
+        env: Env | None = None
+        reason: StopReason = "env_done"
+        error: str | None = None
+        try:
+            env = await self._make_env()
+            reason = await self._loop(env)
+        except _EpisodeStop as stop:
+            reason, error = stop.reason, stop.error
+        except asyncio.CancelledError:
+            reason, error = "aborted", "cancelled"
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a bug must fail one episode, not the batch
+            reason, error = "env_error", f"unexpected {type(exc).__name__}: {exc}"
+        finally:
+            self.router.end_session(self.episode_id)
+            if env is not None:
+                try:
+                    env.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        return self._finish(reason, error)
+
+    async def _make_env(self) -> Env:
+        try:
+            if self.spec.env_factory is not None:
+                return await asyncio.to_thread(self.spec.env_factory)
+            import relax_gym
+
+            return await asyncio.to_thread(relax_gym.make, self.spec.env_id, **self.spec.env_kwargs)
+        except Exception as exc:  # noqa: BLE001
+            raise _EpisodeStop("env_error", f"cannot make {self.spec.env_id}: {type(exc).__name__}: {exc}") from None
+
+    async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        start = time.perf_counter()
+        try:
+            return await asyncio.wait_for(fn(), timeout=self.config.env_timeout_s)
+        except TimeoutError:
+            self.metrics.env_errors += 1
+            raise _EpisodeStop("env_error", f"env.{what} timed out after {self.config.env_timeout_s} s") from None
+        except Exception as exc:  # noqa: BLE001
+            self.metrics.env_errors += 1
+            raise _EpisodeStop("env_error", f"env.{what} raised {type(exc).__name__}: {exc}") from None
+        finally:
+            self.metrics.env_time_s += time.perf_counter() - start
+
+    def _step_fn(self, env: Env, action: Action) -> Callable[[], Awaitable[Any]]:
+        if self.config.env_in_thread:
+            return lambda: env.astep(action)
+
+        async def inline() -> Any:
+            return env.step(action)
+
+        return inline
+
+    def _reset_fn(self, env: Env) -> Callable[[], Awaitable[Any]]:
+        seed, options = self.spec.seed, self.spec.options
+        if self.config.env_in_thread:
+            return lambda: env.areset(seed=seed, options=options)
+
+        async def inline() -> Any:
+            return env.reset(seed=seed, options=options)
+
+        return inline
+
+    def _render_messages(self, env: Env, obs: Observation) -> list[dict[str, Any]]:
+        try:
+            raw = env.format_observation(obs, "hf")
+        except Exception as exc:  # noqa: BLE001
+            self.metrics.env_errors += 1
+            raise _EpisodeStop("env_error", f"format_observation raised {type(exc).__name__}: {exc}") from None
+        msgs, replaced = self.codec.adapt_messages(raw)
+        self.metrics.media_placeholders += replaced
+        return msgs
+
+    async def _loop(self, env: Env) -> StopReason:
+        obs, _info = await self._env_call("reset", self._reset_fn(env))
+        if not isinstance(obs, Observation):
+            raise _EpisodeStop("env_error", f"reset returned {type(obs).__name__}, expected Observation")
+        self.messages.extend(obs.messages)
+        self.tools = [t.to_openai() for t in obs.tools]
+        first = self._render_messages(env, obs)
+        if self.config.system_prompt and not any(m.get("role") == "system" for m in first):
+            first.insert(0, {"role": "system", "content": self.config.system_prompt})
+            self.messages.insert(0, Message.system(self.config.system_prompt))
+        prompt = self._template(lambda: self.codec.prompt(first, self.tools))
+        part = self.part
+        part.add_context(prompt)
+        part.context = list(first)
+        part.prompt_length = part.context_end = len(part.ids)
+        if part.prompt_length >= self.config.max_total_tokens:
+            raise _EpisodeStop("max_tokens", f"the prompt has {part.prompt_length} tokens")
+
+        max_turns = self.config.max_turns or getattr(env, "max_turns", None) or 1_000_000
+        for turn in range(max_turns):
+            if self.stopping.is_set():
+                return "aborted"
+            if self.turn_gate is not None:
+                await self.turn_gate()
+            budget = self.config.max_total_tokens - len(self.part.ids)
+            if budget <= 0:
+                return "max_tokens"
+            max_new = min(self.config.max_new_tokens, budget)
+            segment = await self._generate(max_new)
+            part = self.part
+            part.add_sampled(segment.ids, segment.logprobs, segment.versions)
+            overlap, glue = self.codec.split_segment(segment.ids)
+            part.add_glue(glue)
+            content_ids = segment.ids[: len(segment.ids) - overlap]
+            raw_text = self.codec.decode(content_ids)
+            action_text = self.codec.decode(content_ids, skip_special_tokens=True)
+            part.context.append({"role": "assistant", "content": raw_text})
+            if segment.finish == "abort":  # the manager is stopping: keep what we have
+                self._record_turn(turn, segment, raw_text, None, 0.0, 0.0, {}, False, False, [])
+                return "aborted"
+
+            action = Action(text=action_text)
+            start = time.perf_counter()
+            result = await self._env_call("step", self._step_fn(env, action))
+            env_latency = time.perf_counter() - start
+            try:
+                obs, reward, terminated, truncated, info = result
+                reward = float(reward)
+            except (TypeError, ValueError) as exc:
+                raise _EpisodeStop("env_error", f"step returned a malformed result: {exc}") from None
+            info = info if isinstance(info, dict) else {}
+            self._accumulate_reward(reward, info)
+            self._record_turn(turn, segment, raw_text, obs, reward, env_latency, info, bool(terminated),
+                              bool(truncated), obs.messages if isinstance(obs, Observation) else [])
+            if terminated:
+                return "env_done"
+            if truncated:
+                return "max_turns" if info.get("truncation") == "max_turns" else "env_truncated"
+            if not isinstance(obs, Observation):
+                raise _EpisodeStop("env_error", f"step returned {type(obs).__name__}, expected Observation")
+            if turn + 1 >= max_turns:
+                return "max_turns"
+            if obs.tools and [t.to_openai() for t in obs.tools] != self.tools:
+                self.metrics.tools_changed += 1
+            new_msgs = self._render_messages(env, obs)
+            if self.config.think_policy == "split" and self._needs_split(new_msgs):
+                self._start_new_part(new_msgs)
+            else:
+                delta = self._template(lambda: self.codec.observation_delta(new_msgs, self.tools))
+                if len(self.part.ids) + len(delta.ids) >= self.config.max_total_tokens:
+                    return "max_tokens"
+                self.part.add_context(delta)
+                self.part.context.extend(new_msgs)
+            self.part.context_end = len(self.part.ids)
+        return "max_turns"
+
+    def _template(self, fn: Callable[[], Rendered]) -> Rendered:
+        try:
+            return fn()
+        except TemplateError as exc:
+            self.metrics.template_errors += 1
+            raise _EpisodeStop("env_error", f"chat template: {exc}") from None
+
+    # -- split policy ---------------------------------------------------------------------------------
+    def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
+        if all(m.get("role") == "tool" for m in new_msgs):
+            return False
+        try:
+            return self.codec.template_drops_reasoning([*self.part.context, *new_msgs], self.tools)
+        except TemplateError:
+            return False
+
+    def _start_new_part(self, new_msgs: list[dict[str, Any]]) -> None:
+        """Close the current sample and start one whose context is the template's own render of
+        the conversation so far (earlier reasoning dropped as the template wants)."""
+        context = [*self.part.context, *new_msgs]
+        rendered = self._template(lambda: self.codec.prompt(context, self.tools))
+        if len(rendered.ids) >= self.config.max_total_tokens:
+            raise _EpisodeStop("max_tokens", "the re-rendered context of a new sample exceeds max_total_tokens")
+        part = _Part()
+        part.add_context(rendered)
+        part.context = context
+        part.prompt_length = len(part.ids)
+        self.parts.append(part)
+
+    # -- generation -----------------------------------------------------------------------------------
+    def _request(self, part: _Part, segment: Segment, max_new: int) -> GenerateRequest:
+        cfg = self.config
+        self._requests += 1
+        seed = None
+        if cfg.sampling_seed is not None:  # reproducible per (run seed, episode, request)
+            seed = zlib.crc32(f"{cfg.sampling_seed}:{self.episode_id}:{self._requests}".encode()) & 0x7FFFFFFF
+        return GenerateRequest(
+            input_ids=part.ids + segment.ids,
+            image_data=list(part.payloads) or None,
+            sampling_params=SamplingParams(
+                max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
+                top_k=cfg.top_k, stop_token_ids=cfg.stop_token_ids, skip_special_tokens=False,
+                sampling_seed=seed,
+            ),
+            return_logprob=True,
+            rid=f"{self.episode_id}:{self._requests}",
+        )
+
+    async def _generate(self, max_new: int) -> Segment:
+        """Generate one assistant segment: retries failed requests elsewhere (from the same
+        state) and continues aborted ones (keeping their tokens) until stop or length."""
+        segment = Segment()
+        part = self.part
+        while True:
+            if self.stopping.is_set():
+                segment.finish = "abort"
+                return segment
+            request = self._request(part, segment, max_new)
+            try:
+                handle = await self.router.acquire(self.episode_id)
+            except NoEngineAvailable as exc:
+                self.metrics.engine_errors["no_engine"] += 1
+                raise _EpisodeStop("engine_error", str(exc)) from None
+            start = time.perf_counter()
+            ok = False
+            try:
+                reply = await self.router.generate(handle, request, timeout_s=self.config.request_timeout_s)
+                ok = True
+            except (EngineUnavailable, EngineTimeout, EngineError) as exc:
+                kind = type(exc).__name__
+                self.metrics.engine_errors[kind] += 1
+                retryable = not (type(exc) is EngineError and exc.status is not None and exc.status < 500)
+                if not retryable:
+                    raise _EpisodeStop("engine_error", f"{handle.id}: {exc}") from None
+                self.router.fail_session(self.episode_id, handle, str(exc),
+                                         engine_down=isinstance(exc, EngineUnavailable))
+                if isinstance(exc, EngineTimeout):  # free the engine's slot; best effort
+                    _background(handle.client.abort(request.rid))
+                segment.failovers += 1
+                self.metrics.failovers += 1
+                if segment.failovers > self.config.max_failovers_per_turn:
+                    raise _EpisodeStop("engine_error", f"turn failed on {segment.failovers} engines; last: {exc}") from None
+                continue
+            finally:
+                elapsed = time.perf_counter() - start
+                self.router.release(handle, ok=ok)
+                segment.latency_s += elapsed
+                self.metrics.engine_time_s += elapsed
+                self.metrics.requests += 1
+            self._take(reply, request, handle.id, segment)
+            if segment.finish != "abort":
+                return segment
+            if self.stopping.is_set():
+                return segment
+            if len(segment.ids) >= max_new:
+                segment.finish = "length"
+                return segment
+            segment.resumes += 1
+            self.metrics.resumes += 1
+            if segment.resumes > self.config.max_resumes_per_turn:
+                raise _EpisodeStop("aborted", f"segment aborted {segment.resumes} times")
+
+    def _take(self, reply: GenerateResponse, request: GenerateRequest, engine_id: str, segment: Segment) -> None:
+        """Append a reply's tokens to the segment after checking it is well formed."""
+        try:
+            ids = reply.token_ids()
+            logprobs = reply.token_logprobs()
+        except EngineError as exc:
+            self.metrics.engine_errors["malformed_reply"] += 1
+            raise _EpisodeStop("engine_error", f"{engine_id}: {exc}") from None
+        finish = reply.finish_type
+        problem = None
+        if len(ids) != len(logprobs):
+            problem = f"{len(ids)} output ids but {len(logprobs)} logprobs"
+        elif finish is None:
+            problem = "no finish_reason"
+        elif len(ids) > request.sampling_params.max_new_tokens:
+            problem = f"{len(ids)} tokens for max_new_tokens={request.sampling_params.max_new_tokens}"
+        elif not ids and finish != "abort":
+            problem = f"no tokens with finish_reason {finish}"
+        elif any(lp != lp or lp > 1e-6 for lp in logprobs):
+            problem = "a logprob is NaN or positive"
+        if problem is not None:
+            self.metrics.engine_errors["malformed_reply"] += 1
+            raise _EpisodeStop("engine_error", f"{engine_id}: malformed reply: {problem}")
+        expected_prompt = len(request.input_ids or [])
+        if reply.meta_info.prompt_tokens and reply.meta_info.prompt_tokens != expected_prompt:
+            self.metrics.engine_prompt_mismatch += 1
+        segment.ids.extend(ids)
+        segment.logprobs.extend(float(x) for x in logprobs)
+        segment.versions.extend(_token_versions(reply, len(ids)))
+        segment.finish = finish or "stop"
+        if not segment.engine_ids or segment.engine_ids[-1] != engine_id:
+            segment.engine_ids.append(engine_id)
+
+    # -- records --------------------------------------------------------------------------------------
+    def _accumulate_reward(self, reward: float, info: dict[str, Any]) -> None:
+        self.reward += reward
+        components = info.get("reward_components")
+        if isinstance(components, dict):
+            for key, value in components.items():
+                try:
+                    self.reward_components[str(key)] = self.reward_components.get(str(key), 0.0) + float(value)
+                except (TypeError, ValueError):
+                    continue
+        self.success = bool(info.get("success", False))
+
+    def _record_turn(self, turn: int, segment: Segment, raw_text: str, obs: Observation | None, reward: float,
+                     env_latency: float, info: dict[str, Any], terminated: bool, truncated: bool,
+                     new_messages: list[Message]) -> None:
+        calls = _tool_calls(info)
+        errors = [str(e) for e in info.get("parse_errors", []) or []] if isinstance(info.get("parse_errors"), list) else []
+        tool_latency = info.get("tool_latency_s")
+        self.messages.append(Message.assistant(raw_text, tool_calls=calls))
+        self.messages.extend(new_messages)
+        versions: list[int] = []
+        for v in segment.versions:
+            if not versions or versions[-1] != v:
+                versions.append(v)
+        self.part.turns.append(TurnRecord(
+            index=turn,
+            assistant_text=raw_text,
+            num_sampled_tokens=len(segment.ids),
+            finish_reason=segment.finish,
+            tool_calls=calls,
+            parse_errors=errors,
+            observation_text=obs.text if isinstance(obs, Observation) else "",
+            reward=reward,
+            reward_components={str(k): float(v) for k, v in (info.get("reward_components") or {}).items()
+                               if isinstance(v, (int, float))},
+            terminated=terminated,
+            truncated=truncated,
+            engine_ids=segment.engine_ids,
+            engine_latency_s=segment.latency_s,
+            env_latency_s=env_latency,
+            tool_latency_s=float(tool_latency) if isinstance(tool_latency, (int, float)) else None,
+            weight_versions=versions,
+            resumes=segment.resumes,
+            failovers=segment.failovers,
+            info=json_safe({k: v for k, v in info.items() if k not in ("tool_calls", "parse_errors")}),
+        ))
+        self.metrics.turns += 1
+
+    def _finish(self, reason: StopReason, error: str | None) -> list[Trajectory]:
+        self.metrics.episodes_finished += 1
+        self.metrics.stop_reasons[reason] += 1
+        out: list[Trajectory] = []
+        for index, part in enumerate(self.parts):
+            drift = DriftReport()
+            if self.config.check_drift and part.context_end > part.prompt_length:
+                drift = self.codec.check_drift(part.ids[: part.context_end], part.context, self.tools,
+                                               policy=self.config.think_policy)
+            self.metrics.drift[drift.kind] += 1
+            if drift.drifted and not drift.expected:
+                self.metrics.unexpected_drift += 1
+            traj = Trajectory(
+                token_ids=part.ids,
+                loss_mask=part.mask,
+                rollout_logprobs=part.logprobs,
+                weight_versions=part.versions,
+                prompt_length=part.prompt_length,
+                episode_id=self.episode_id,
+                group_id=self.spec.group,
+                sample_index=self.sample_index,
+                env_id=self.spec.env_id,
+                seed=self.spec.seed,
+                part=index,
+                num_parts=len(self.parts),
+                reward=self.reward,
+                reward_components=dict(self.reward_components),
+                success=self.success,
+                stop_reason=reason,
+                error=error,
+                turns=part.turns,
+                messages=list(self.messages),
+                tools=self.tools,
+                images=part.images,
+                image_grid_thw=part.grids,
+                image_token_id=self.codec.vision.image_token_id if self.codec.vision is not None else None,
+                drift=drift,
+                metadata=dict(self.spec.metadata),
+            )
+            self.metrics.samples += 1
+            self.metrics.sampled_tokens += traj.num_sampled_tokens
+            self.metrics.context_tokens += len(traj) - traj.num_sampled_tokens
+            if traj.trainable:
+                self.metrics.trainable_samples += 1
+            out.append(traj)
+        return out
+
+
+def _token_versions(reply: GenerateResponse, n: int) -> list[int]:
+    """Per-token weight versions: the embedded engine's run-length ``output_weight_versions``
+    when present (a request can span an in-place update), else the reply's ``weight_version``."""
+    runs = getattr(reply.meta_info, "output_weight_versions", None)
+    if isinstance(runs, list):
+        out: list[int] = []
+        for item in runs:
+            if isinstance(item, (list, tuple)) and len(item) == 2:
+                out.extend([parse_weight_version(item[0])] * int(item[1]))
+        if len(out) == n:
+            return out
+    return [parse_weight_version(reply.meta_info.weight_version)] * n
+
+
+def _tool_calls(info: dict[str, Any]) -> list[ToolCall]:
+    """Tool calls an env (e.g. ToolEnv) reports in ``info["tool_calls"]``, as ToolCall objects."""
+    raw = info.get("tool_calls")
+    if not isinstance(raw, list):
+        return []
+    calls: list[ToolCall] = []
+    for item in raw:
+        if isinstance(item, ToolCall):
+            calls.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("name"), str):
+            args = item.get("arguments")
+            calls.append(ToolCall(item["name"], dict(args) if isinstance(args, dict) else {}, str(item.get("id", ""))))
+    return calls
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _background(awaitable: Awaitable[Any]) -> None:
+    """Fire and forget, keeping a reference until done and swallowing the outcome."""
+
+    async def quiet() -> None:
+        try:
+            await awaitable
+        except Exception:  # noqa: BLE001
+            pass
+
+    task = asyncio.ensure_future(quiet())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+__all__ = ["EpisodeRunner", "EpisodeSpec", "Segment"]

@@ -1,0 +1,47 @@
+"""Counters the rollout manager keeps: every failure, drift and retry is counted, none is silent."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class RolloutMetrics:
+    episodes_started: int = 0
+    episodes_finished: int = 0
+    samples: int = 0  # trajectories produced (> episodes under think_policy="split")
+    trainable_samples: int = 0
+    turns: int = 0
+    requests: int = 0
+    sampled_tokens: int = 0
+    context_tokens: int = 0  # prompt + observation + glue tokens (loss mask 0)
+    stop_reasons: Counter[str] = field(default_factory=Counter)
+    drift: Counter[str] = field(default_factory=Counter)  # by DriftReport.kind
+    unexpected_drift: int = 0
+    failovers: int = 0  # requests retried after an engine failure
+    resumes: int = 0  # continuations of aborted (partial) segments
+    engine_errors: Counter[str] = field(default_factory=Counter)  # by error type
+    env_errors: int = 0
+    template_errors: int = 0
+    media_placeholders: int = 0  # media parts the model could not take, rendered as text
+    tools_changed: int = 0  # observations whose tool list differs from the prompt's
+    engine_prompt_mismatch: int = 0  # engine's prompt_tokens != our context length
+    engine_time_s: float = 0.0  # summed wall time of generate requests
+    env_time_s: float = 0.0  # summed wall time of env.reset/env.step
+
+    def snapshot(self) -> dict[str, Any]:
+        """A flat, JSON-ready view (counters become ``name/key`` entries)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:  # type: ignore[attr-defined]
+            value = getattr(self, name)
+            if isinstance(value, Counter):
+                for key, count in sorted(value.items()):
+                    out[f"{name}/{key}"] = count
+            else:
+                out[name] = value
+        return out
+
+
+__all__ = ["RolloutMetrics"]

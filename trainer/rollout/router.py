@@ -1,0 +1,462 @@
+"""Several engines behind one door: least-loaded routing with session affinity, health checks,
+failover, pause/continue and abort across engines, weight sync, and elastic add/drain/remove.
+
+An episode is a *session*: its first request goes to the least-loaded ready engine and every
+later turn goes to the same engine while that engine is healthy (its KV prefix cache stays
+warm). When an engine fails, it is marked unhealthy, its sessions are unbound, and their next
+request goes elsewhere -- the rollout manager retries the interrupted turn from the episode's
+last completed state, so nothing is lost. A periodic health check revives engines that answer
+again, after bringing them to the current weights.
+
+Weight updates: :meth:`EngineRouter.pause` stops new requests and (mode ``abort``) makes the
+engines return in-flight requests with ``finish_reason=abort`` and the tokens generated so far;
+the manager keeps those tokens and resumes them after :meth:`EngineRouter.resume`. New engines
+get the current weights (:meth:`EngineRouter.update_weights_from_disk` records them) and are
+checked through ``/get_model_info`` before they take traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from relax_gym.errors import RelaxGymError
+from relax_gym.protocol import (
+    EngineClient,
+    EngineError,
+    GenerateRequest,
+    GenerateResponse,
+    UpdateWeightsFromDiskRequest,
+)
+
+log = logging.getLogger(__name__)
+
+EngineState = Literal["syncing", "ready", "draining", "unhealthy", "removed"]
+
+
+class NoEngineAvailable(RelaxGymError):
+    """No healthy engine could take a request within the wait limit."""
+
+
+class WeightSyncError(RelaxGymError):
+    """An engine could not be brought to the current weights."""
+
+
+def parse_weight_version(value: str | int | None) -> int:
+    """Weight versions on the wire are strings (SGLang's ``weight_version``); per-token versions
+    in a trajectory are ints. A numeric string (or one ending in digits, e.g. ``step_12``) maps
+    to that number; ``None``, ``""`` and SGLang's initial ``"default"`` map to 0."""
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    match = re.search(r"(\d+)$", value.strip())
+    return int(match.group(1)) if match else 0
+
+
+@dataclass(slots=True, eq=False)
+class EngineHandle:
+    """One engine as the router sees it."""
+
+    id: str
+    url: str
+    client: EngineClient
+    state: EngineState = "syncing"
+    inflight: int = 0
+    sessions: set[str] = field(default_factory=set)
+    weight_version: str | None = None
+    failures: int = 0
+    served: int = 0
+    last_error: str | None = None
+    added_at: float = field(default_factory=time.monotonic)
+    draining_done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def takes_new_sessions(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def serves_bound_sessions(self) -> bool:
+        return self.state in ("ready", "draining")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "url": self.url,
+            "state": self.state,
+            "inflight_requests": self.inflight,
+            "sessions": len(self.sessions),
+            "weight_version": self.weight_version,
+            "served_requests": self.served,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }
+
+
+class EngineRouter:
+    """Routes generate requests over a changing set of engines; see the module docstring."""
+
+    def __init__(
+        self,
+        urls: Sequence[str] = (),
+        *,
+        api_key: str | None = None,
+        request_timeout_s: float = 300.0,
+        health_interval_s: float = 2.0,
+        health_timeout_s: float = 2.0,
+        no_engine_timeout_s: float = 60.0,
+        max_connections: int = 512,
+        client_factory: Callable[[str], EngineClient] | None = None,
+    ) -> None:
+        self._initial_urls = list(urls)
+        self.api_key = api_key
+        self.request_timeout_s = request_timeout_s
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.no_engine_timeout_s = no_engine_timeout_s
+        self._client_factory = client_factory or (
+            lambda url: EngineClient(url, api_key=api_key, timeout_s=request_timeout_s,
+                                     max_connections=max_connections)
+        )
+        self._engines: dict[str, EngineHandle] = {}
+        self._bindings: dict[str, EngineHandle] = {}  # session -> engine
+        self._ids = itertools.count()
+        self._changed = asyncio.Condition()
+        self._running = asyncio.Event()
+        self._running.set()
+        self._health_task: asyncio.Task[None] | None = None
+        self._drain_tasks: set[asyncio.Task[None]] = set()
+        self._sync_lock = asyncio.Lock()
+        self.weights_path: str | None = None
+        self.weight_version: str | None = None
+        self.events: dict[str, int] = {"failovers": 0, "revived": 0, "marked_unhealthy": 0, "added": 0,
+                                       "removed": 0, "weight_syncs": 0}
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    async def start(self) -> EngineRouter:
+        """Check the initial engines (those down start unhealthy) and start the health loop."""
+        for url in self._initial_urls:
+            handle = self._new_handle(url)
+            if await handle.client.health(timeout_s=self.health_timeout_s):
+                with contextlib.suppress(EngineError):
+                    handle.weight_version = (await handle.client.model_info()).weight_version
+                handle.state = "ready"
+            else:
+                handle.state = "unhealthy"
+                handle.last_error = "not healthy at start"
+        if self.weight_version is None:
+            versions = {h.weight_version for h in self._engines.values() if h.state == "ready"}
+            if len(versions) == 1:
+                self.weight_version = versions.pop()
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop(), name="engine-health")
+        await self._notify()
+        return self
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        for task in list(self._drain_tasks):
+            task.cancel()
+        for handle in list(self._engines.values()):
+            await handle.client.aclose()
+        self._engines.clear()
+        self._bindings.clear()
+
+    async def __aenter__(self) -> EngineRouter:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _new_handle(self, url: str, engine_id: str | None = None) -> EngineHandle:
+        engine_id = engine_id or f"e{next(self._ids)}"
+        if engine_id in self._engines:
+            raise ValueError(f"engine id {engine_id!r} is taken")
+        handle = EngineHandle(id=engine_id, url=url.rstrip("/"), client=self._client_factory(url))
+        self._engines[engine_id] = handle
+        return handle
+
+    # -- views --------------------------------------------------------------------------------------
+    @property
+    def engines(self) -> list[EngineHandle]:
+        return list(self._engines.values())
+
+    def get(self, engine_id: str) -> EngineHandle | None:
+        return self._engines.get(engine_id)
+
+    def list_engines(self) -> list[dict[str, Any]]:
+        return [h.status() for h in self._engines.values()]
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- routing ------------------------------------------------------------------------------------
+    async def acquire(self, session: str, *, timeout_s: float | None = None) -> EngineHandle:
+        """The engine for the session's next request; waits while paused or while no engine can
+        take it, up to ``no_engine_timeout_s``. Pair every call with :meth:`release`."""
+        deadline = time.monotonic() + (self.no_engine_timeout_s if timeout_s is None else timeout_s)
+        while True:
+            if self._running.is_set():
+                handle = self._pick(session)
+                if handle is not None:
+                    handle.inflight += 1
+                    return handle
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoEngineAvailable(
+                    "no engine could take the request" + (" (rollouts are paused)" if self.paused else "")
+                    + f"; engines: {[(h.id, h.state) for h in self._engines.values()]}"
+                )
+            async with self._changed:  # woken by resume / add / revive; the timeout bounds a missed wake-up
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 0.5))
+
+    def _pick(self, session: str) -> EngineHandle | None:
+        bound = self._bindings.get(session)
+        if bound is not None:
+            if bound.serves_bound_sessions and bound.id in self._engines:
+                return bound
+            self._unbind(session)
+        candidates = [h for h in self._engines.values() if h.takes_new_sessions]
+        if not candidates:
+            return None
+        best = min(candidates, key=lambda h: (h.inflight, len(h.sessions), h.served))
+        self._bindings[session] = best
+        best.sessions.add(session)
+        return best
+
+    def _unbind(self, session: str) -> None:
+        handle = self._bindings.pop(session, None)
+        if handle is not None:
+            handle.sessions.discard(session)
+            if handle.state == "draining" and not handle.sessions:
+                handle.draining_done.set()
+
+    def release(self, handle: EngineHandle, *, ok: bool = True) -> None:
+        handle.inflight = max(0, handle.inflight - 1)
+        if ok:
+            handle.served += 1
+
+    def end_session(self, session: str) -> None:
+        """The episode finished: free its binding (a draining engine may now be removed)."""
+        self._unbind(session)
+
+    def fail_session(self, session: str, handle: EngineHandle, error: str, *, engine_down: bool) -> None:
+        """A request of ``session`` failed on ``handle``: unbind it so the retry goes elsewhere;
+        when the engine itself is unreachable, mark it unhealthy for everyone."""
+        self.events["failovers"] += 1
+        handle.failures += 1
+        handle.last_error = error
+        self._unbind(session)
+        if engine_down and handle.state in ("ready", "draining", "syncing"):
+            self._mark_unhealthy(handle, error)
+
+    def _mark_unhealthy(self, handle: EngineHandle, error: str) -> None:
+        log.warning("engine %s (%s) is unhealthy: %s", handle.id, handle.url, error)
+        was_draining = handle.state == "draining"
+        handle.state = "unhealthy"
+        handle.last_error = error
+        self.events["marked_unhealthy"] += 1
+        for session in list(handle.sessions):
+            self._unbind(session)
+        if was_draining:  # nothing can finish there any more: complete the removal
+            handle.draining_done.set()
+
+    async def generate(self, handle: EngineHandle, request: GenerateRequest,
+                       *, timeout_s: float | None = None) -> GenerateResponse:
+        return await handle.client.generate(request, timeout_s=timeout_s)
+
+    # -- health -------------------------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            try:
+                await self.check_health()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 -- the loop must survive anything
+                log.exception("health check failed")
+
+    async def check_health(self) -> None:
+        """Ping every engine once: mark the silent ones unhealthy, revive those that answer."""
+        handles = [h for h in self._engines.values() if h.state in ("ready", "draining", "unhealthy")]
+        results = await asyncio.gather(*(h.client.health(timeout_s=self.health_timeout_s) for h in handles))
+        changed = False
+        for handle, ok in zip(handles, results, strict=True):
+            if not ok and handle.state in ("ready", "draining"):
+                self._mark_unhealthy(handle, "health check failed")
+                changed = True
+            elif ok and handle.state == "unhealthy" and handle.id in self._engines:
+                try:
+                    await self._bring_to_current_weights(handle)
+                except (EngineError, WeightSyncError) as exc:
+                    handle.last_error = f"revival failed: {exc}"
+                    continue
+                handle.state = "ready"
+                handle.failures = 0
+                self.events["revived"] += 1
+                changed = True
+        if changed:
+            await self._notify()
+
+    # -- weights ------------------------------------------------------------------------------------
+    async def _bring_to_current_weights(self, handle: EngineHandle) -> None:
+        """Load the current checkpoint into ``handle`` (if one was recorded) and verify the engine
+        reports the current weight version."""
+        info = await handle.client.model_info()
+        if self.weights_path is not None and info.weight_version != self.weight_version:
+            await handle.client.update_weights_from_disk(
+                UpdateWeightsFromDiskRequest(model_path=self.weights_path, weight_version=self.weight_version)
+            )
+            info = await handle.client.model_info()
+            self.events["weight_syncs"] += 1
+        if self.weight_version is not None and info.weight_version != self.weight_version:
+            raise WeightSyncError(
+                f"engine {handle.id} reports weight version {info.weight_version!r}, expected {self.weight_version!r}"
+                + ("" if self.weights_path else " (no checkpoint recorded to sync it from)")
+            )
+        handle.weight_version = info.weight_version
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | int) -> None:
+        """Load a checkpoint into every live engine and record it for engines added later.
+
+        Call it between :meth:`pause` and :meth:`resume`. An engine that fails the update is
+        marked unhealthy (the health loop retries it with the recorded checkpoint).
+        """
+        version = str(weight_version)
+        async with self._sync_lock:
+            self.weights_path, self.weight_version = model_path, version
+            targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+
+            async def one(handle: EngineHandle) -> None:
+                try:
+                    await handle.client.update_weights_from_disk(
+                        UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=version)
+                    )
+                    info = await handle.client.model_info()
+                    if info.weight_version != version:
+                        raise WeightSyncError(f"reports {info.weight_version!r} after the update")
+                    handle.weight_version = version
+                    self.events["weight_syncs"] += 1
+                except (EngineError, WeightSyncError) as exc:
+                    self._mark_unhealthy(handle, f"weight update failed: {exc}")
+
+            await asyncio.gather(*(one(h) for h in targets))
+        await self._notify()
+
+    # -- pause / abort ------------------------------------------------------------------------------
+    async def pause(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
+        """Stop handing out engines and pause every engine. With ``abort``, in-flight requests
+        return now with ``finish_reason=abort`` and their partial tokens."""
+        self._running.clear()
+        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        results = await asyncio.gather(*(h.client.pause_generation(mode) for h in targets), return_exceptions=True)
+        for handle, res in zip(targets, results, strict=True):
+            if isinstance(res, EngineError):
+                self._mark_unhealthy(handle, f"pause failed: {res}")
+
+    async def resume(self) -> None:
+        """Continue generation on every engine and let requests flow again."""
+        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        results = await asyncio.gather(*(h.client.continue_generation() for h in targets), return_exceptions=True)
+        for handle, res in zip(targets, results, strict=True):
+            if isinstance(res, EngineError):
+                self._mark_unhealthy(handle, f"continue failed: {res}")
+        self._running.set()
+        await self._notify()
+
+    @contextlib.asynccontextmanager
+    async def paused_for_update(self) -> AsyncIterator[None]:
+        """``async with router.paused_for_update(): await router.update_weights_from_disk(...)``"""
+        await self.pause("abort")
+        try:
+            yield
+        finally:
+            await self.resume()
+
+    async def abort_all(self) -> None:
+        """Abort every in-flight request on every engine (they return with ``finish_reason=abort``)."""
+        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        await asyncio.gather(*(h.client.abort(None) for h in targets), return_exceptions=True)
+
+    # -- elastic scaling ----------------------------------------------------------------------------
+    async def add_engine(self, url: str, *, engine_id: str | None = None) -> EngineHandle:
+        """Add an engine: check it, bring it to the current weights, then let it take traffic.
+        Raises :class:`EngineError` / :class:`WeightSyncError` (and forgets the engine) on failure."""
+        url = url.rstrip("/")
+        if any(h.url == url and h.state != "removed" for h in self._engines.values()):
+            raise ValueError(f"engine {url} is already registered")
+        handle = self._new_handle(url, engine_id)
+        try:
+            if not await handle.client.health(timeout_s=self.health_timeout_s):
+                raise EngineError(url, "not healthy")
+            async with self._sync_lock:
+                await self._bring_to_current_weights(handle)
+        except (EngineError, WeightSyncError):
+            self._engines.pop(handle.id, None)
+            await handle.client.aclose()
+            raise
+        handle.state = "ready"
+        self.events["added"] += 1
+        await self._notify()
+        return handle
+
+    async def remove_engine(self, engine_id: str, *, drain: bool = True, wait: bool = True,
+                            timeout_s: float | None = None) -> None:
+        """Drain an engine (no new sessions; bound sessions finish there), then remove it.
+
+        With ``wait=False`` the drain runs in the background and this returns at once.
+        """
+        handle = self._engines.get(engine_id)
+        if handle is None:
+            raise KeyError(engine_id)
+        if handle.state in ("ready", "syncing"):
+            handle.state = "draining"
+        if not handle.sessions or handle.state == "unhealthy" or not drain:
+            handle.draining_done.set()
+
+        async def finish() -> None:
+            try:
+                await asyncio.wait_for(handle.draining_done.wait(), timeout_s)
+            except TimeoutError:
+                log.warning("engine %s did not drain in %.0f s; removing it anyway", engine_id, timeout_s or 0)
+            for session in list(handle.sessions):
+                self._unbind(session)
+            handle.state = "removed"
+            self._engines.pop(engine_id, None)
+            self.events["removed"] += 1
+            await handle.client.aclose()
+            await self._notify()
+
+        if wait:
+            await finish()
+        else:
+            task = asyncio.create_task(finish(), name=f"drain-{engine_id}")
+            self._drain_tasks.add(task)
+            task.add_done_callback(self._drain_tasks.discard)
+
+
+__all__ = [
+    "EngineHandle",
+    "EngineRouter",
+    "EngineState",
+    "NoEngineAvailable",
+    "WeightSyncError",
+    "parse_weight_version",
+]
