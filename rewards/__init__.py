@@ -40,6 +40,9 @@ from relax_gym.rewards.registry import (
 )
 from relax_gym.rewards.types import Failure, RewardError, RewardInput, RewardResult
 
+from relax_gym.rewards.genrm import GenRMClient, JudgeConfig, Verdict, judge_client  # noqa: E402
+from relax_gym.rewards.judge_templates import JudgeTemplate, VerdictError  # noqa: E402
+
 # Built-in rule rewards register themselves on import.
 from relax_gym.rewards import grounding as _grounding  # noqa: E402,F401
 from relax_gym.rewards import shaping as _shaping  # noqa: E402,F401
@@ -48,6 +51,9 @@ from relax_gym.rewards import text as _text  # noqa: E402,F401
 __all__ = [
     "Equivalence",
     "Failure",
+    "GenRMClient",
+    "JudgeConfig",
+    "JudgeTemplate",
     "RewardComposer",
     "RewardEntry",
     "RewardError",
@@ -56,11 +62,14 @@ __all__ = [
     "RewardResult",
     "RewardStats",
     "Score",
+    "Verdict",
+    "VerdictError",
     "evaluate_reward",
     "extract_answer",
     "extract_reference",
     "find_boxed",
     "get_reward",
+    "judge_client",
     "list_rewards",
     "math_equal",
     "parse_entries",
