@@ -44,6 +44,7 @@ from relax_gym.rewards.genrm import GenRMClient, JudgeConfig, Verdict, judge_cli
 from relax_gym.rewards.judge_templates import JudgeTemplate, VerdictError  # noqa: E402
 
 # Built-in rule rewards register themselves on import.
+from relax_gym.rewards import code as _code  # noqa: E402,F401
 from relax_gym.rewards import grounding as _grounding  # noqa: E402,F401
 from relax_gym.rewards import shaping as _shaping  # noqa: E402,F401
 from relax_gym.rewards import text as _text  # noqa: E402,F401
