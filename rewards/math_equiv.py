@@ -138,6 +138,8 @@ def _collect(p: Node, r: Node, scalars: set[tuple[str, str]], equations: set[tup
 def _compare(p: Node, r: Node, table: dict[tuple[str, str, str], bool]) -> bool:
     p, r = _align(p, r)
     if isinstance(p, Scalar) and isinstance(r, Scalar):
+        if p.lhs is not None and r.lhs is not None and answer_key(p.lhs) != answer_key(r.lhs):
+            return False  # "x = 1" is not "y = 1"
         return any(table.get(("s", a, b), False) for a, b in _scalar_pairs(p, r))
     if isinstance(p, Equation) and isinstance(r, Equation):
         return table.get(("e", p.text, r.text), False)

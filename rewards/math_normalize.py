@@ -26,6 +26,8 @@ _TEXT_CMD = re.compile(r"\\(?:text|textrm|textbf|textit|mbox|mathrm|mathbf|textn
 _UNITISH = re.compile(r"^[A-Za-z][A-Za-z\s.]*(?:\^\{?\d\}?)?$")
 _TRAILING_WORDS = re.compile(r"(?<=[\d}).])\s*(?P<words>(?:[A-Za-z]{2,}\.?\s*){1,4})(?:\^\{?\d\}?)?$")
 _KEEP_WORDS = {"pi", "sqrt", "sin", "cos", "tan", "log", "ln", "exp", "infty", "inf", "oo", "and", "or", "i"}
+_UNICODE = {"π": "\\pi ", "√": "\\sqrt", "∞": "\\infty ", "×": "\\times ", "·": "\\cdot ", "−": "-",
+            "≤": "\\leq ", "≥": "\\geq ", "∪": "\\cup ", "±": "\\pm "}
 _THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?$")
 _THOUSANDS_SPACE = re.compile(r"^-?\d{1,3}(?: \d{3})+(?:\.\d+)?%?$")
 _VARIABLE = re.compile(r"^(?:\\[A-Za-z]+|[A-Za-z]{1,12})(?:_\{?[A-Za-z0-9]+\}?)?(?:\([A-Za-z, ]*\))?'?$")
@@ -81,6 +83,8 @@ def normalize(answer: str) -> str:
     if len(s) > MAX_ANSWER_CHARS:
         return " ".join(s.split())
     s = s.replace("\n", " ")
+    for uni, latex in _UNICODE.items():
+        s = s.replace(uni, latex)
     s = _DROP.sub("", s)
     s = re.sub(r"\\[dt]frac(?![A-Za-z])", r"\\frac", s)
     s = re.sub(r"\\frac\s*(\w)\s*(\w)", r"\\frac{\1}{\2}", s)
@@ -89,6 +93,7 @@ def normalize(answer: str) -> str:
     s = _DEGREE.sub("", s)
     s = s.replace("\\%", "%").replace("\\$", "").replace("$", "")
     s = s.replace("{,}", "")
+    s = re.sub(r"\\varnothing(?![A-Za-z])|^\\\{\s*\\\}$", r"\\emptyset", s)
     s = re.sub(r"\\le(?![A-Za-z])", r"\\leq", s)
     s = re.sub(r"\\ge(?![A-Za-z])", r"\\geq", s)
     s = _replace_text_commands(s)

@@ -107,6 +107,15 @@ PAIRS: list[tuple[str, str, bool]] = [
     (r"\sqrt{2}", "1.41", False),
     (r"x^2", "2x", False),
     (r"\frac{x}{2}", "2x", False),
+    ("x=2, y=1", "x=1, y=2", False),
+    ("y=2, x=1", "x=1, y=2", True),
+    ("π/2", r"\frac{\pi}{2}", True),
+    ("−3", "-3", True),
+    (r"2^{10}", "1024", True),
+    (r"10^{-3}", "0.001", True),
+    (r"\varnothing", r"\emptyset", True),
+    (r"x \geq 3", r"x \ge 3", True),
+    (r"x > 3", r"(3, \infty)", False),
 ]
 
 
