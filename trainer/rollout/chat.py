@@ -210,13 +210,12 @@ class ChatCodec:
 
     def observation_delta(self, new_messages: Sequence[dict[str, Any]],
                           tools: Sequence[dict[str, Any]] | None = None) -> Rendered:
-        """Tokens for new env/tool messages followed by the next generation prompt.
+        """Tokens for new env/tool messages followed by the next generation prompt (with no new
+        messages: the generation prompt alone).
 
         Render-and-trim against the first base conversation for which the prefix property holds
         (the render of base + new starts with the render of base).
         """
-        if not new_messages:
-            raise TemplateError("an observation delta needs at least one message")
         errors: list[str] = []
         for idx, base in enumerate(_BASES):
             key = (idx, json.dumps(tools, sort_keys=True) if tools else "")

@@ -82,6 +82,11 @@ class _Part:
     turns: list[TurnRecord] = field(default_factory=list)
     context: list[dict[str, Any]] = field(default_factory=list)  # template messages the ids encode
     context_end: int = 0  # len(ids) at the last generation prompt
+    context_count: int = 0  # len(context) at that point (the messages those ids encode)
+
+    def mark_generation_prompt(self) -> None:
+        self.context_end = len(self.ids)
+        self.context_count = len(self.context)
 
     def add_context(self, rendered: Rendered) -> None:
         n = len(rendered.ids)
@@ -245,7 +250,8 @@ class EpisodeRunner:
         part = self.part
         part.add_context(prompt)
         part.context = list(first)
-        part.prompt_length = part.context_end = len(part.ids)
+        part.prompt_length = len(part.ids)
+        part.mark_generation_prompt()
         if part.prompt_length >= self.config.max_total_tokens:
             raise _EpisodeStop("max_tokens", f"the prompt has {part.prompt_length} tokens")
 
@@ -304,7 +310,7 @@ class EpisodeRunner:
                     return "max_tokens"
                 self.part.add_context(delta)
                 self.part.context.extend(new_msgs)
-            self.part.context_end = len(self.part.ids)
+            self.part.mark_generation_prompt()
         return "max_turns"
 
     def _template(self, fn: Callable[[], Rendered]) -> Rendered:
@@ -334,6 +340,7 @@ class EpisodeRunner:
         part.add_context(rendered)
         part.context = context
         part.prompt_length = len(part.ids)
+        part.mark_generation_prompt()
         self.parts.append(part)
 
     # -- generation -----------------------------------------------------------------------------------
@@ -497,8 +504,11 @@ class EpisodeRunner:
         for index, part in enumerate(self.parts):
             drift = DriftReport()
             if self.config.check_drift and part.context_end > part.prompt_length:
-                drift = self.codec.check_drift(part.ids[: part.context_end], part.context, self.tools,
-                                               policy=self.config.think_policy)
+                try:
+                    drift = self.codec.check_drift(part.ids[: part.context_end], part.context[: part.context_count],
+                                                   self.tools, policy=self.config.think_policy)
+                except Exception as exc:  # noqa: BLE001 -- a failed check flags the sample, never crashes
+                    drift = DriftReport(kind="template", expected=False, detail=f"drift check failed: {exc}")
             self.metrics.drift[drift.kind] += 1
             if drift.drifted and not drift.expected:
                 self.metrics.unexpected_drift += 1

@@ -1,0 +1,180 @@
+"""The chat-template rules with the real Qwen3 tokenizer, on hand-written Qwen3-style outputs
+(``<think>`` blocks, several tool calls per turn), plus a made-up template to show the rules are
+derived, not hard-coded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from relax_gym.trainer.rollout import ChatCodec, TemplateError, VisionSupport
+
+TOOLS = [
+    {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                      "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                                                     "required": ["expression"]}}},
+    {"type": "function", "function": {"name": "search", "description": "Search the web.",
+                                      "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}},
+]
+TURN1 = ('<think>\nI need two numbers first.\nLet me call both tools.\n</think>\n\n'
+         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "17*23"}}\n</tool_call>\n'
+         '<tool_call>\n{"name": "search", "arguments": {"q": "population of Lyon"}}\n</tool_call>')
+TURN2 = ('<think>\n17*23 is 391; Lyon has 522k people.\n</think>\n\n'
+         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "391+522000"}}\n</tool_call>')
+TURN3 = '<think>\nDone.\n</think>\n\nThe answer is 522391.'
+
+
+@pytest.fixture(scope="module")
+def codec(qwen3_tokenizer: Any) -> ChatCodec:
+    return ChatCodec(qwen3_tokenizer)
+
+
+class Builder:
+    """Builds a sequence the way the episode runner does, with hand-written "sampled" tokens."""
+
+    def __init__(self, codec: ChatCodec, first: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
+        self.codec, self.tools = codec, tools
+        prompt = codec.prompt(first, tools)
+        self.ids, self.mask = list(prompt.ids), [0] * len(prompt.ids)
+        self.context = list(first)
+        self.eos = codec.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def sample(self, text: str, *, stopped: bool = True) -> None:
+        seg = self.codec.encode(text) + ([self.eos] if stopped else [])
+        k, glue = self.codec.split_segment(seg)
+        self.ids += seg + glue
+        self.mask += [1] * len(seg) + [0] * len(glue)
+        self.context.append({"role": "assistant", "content": self.codec.decode(seg[: len(seg) - k])})
+
+    def observe(self, msgs: list[dict[str, Any]]) -> None:
+        delta = self.codec.observation_delta(msgs, self.tools)
+        self.ids += delta.ids
+        self.mask += [0] * len(delta.ids)
+        self.context += msgs
+
+
+def test_compiled_render_matches_apply_chat_template(codec: ChatCodec, qwen3_tokenizer: Any) -> None:
+    convs = [
+        [{"role": "user", "content": "hi"}],
+        [{"role": "system", "content": "S"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": TURN1},
+         {"role": "tool", "content": "391"}, {"role": "tool", "content": "522000"}],
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": TURN3}, {"role": "user", "content": "again"}],
+    ]
+    for conv in convs:
+        for tools in (None, TOOLS):
+            for gen in (False, True):
+                assert codec.render(conv, tools=tools, add_generation_prompt=gen) == qwen3_tokenizer.apply_chat_template(
+                    conv, tools=tools, tokenize=False, add_generation_prompt=gen)
+
+
+def test_glue_is_derived_from_the_template(codec: ChatCodec, qwen3_tokenizer: Any) -> None:
+    assert codec.closing_glue == codec.encode("<|im_end|>\n")
+    eos, nl = codec.closing_glue
+    assert codec.split_segment([5, 6, eos]) == (1, [nl])  # stopped on <|im_end|>: only "\n" is glue
+    assert codec.split_segment([5, 6]) == (0, [eos, nl])  # stopped on length: the whole closing
+    endoftext = qwen3_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert codec.split_segment([5, endoftext]) == (0, [eos, nl])
+    custom = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}[/END]\n{% endfor %}"
+              "{% if add_generation_prompt %}[assistant]{% endif %}")
+    other = ChatCodec(qwen3_tokenizer, chat_template=custom)
+    assert other.closing_glue == other.encode("[/END]\n")
+    delta = other.observation_delta([{"role": "tool", "content": "42"}])
+    assert delta.text == "[tool]42[/END]\n[assistant]"
+
+
+def test_tool_episode_deltas_equal_the_full_render(codec: ChatCodec) -> None:
+    first = [{"role": "system", "content": "You are careful."}, {"role": "user", "content": "17*23 + people in Lyon?"}]
+    b = Builder(codec, first, TOOLS)
+    prompt_len = len(b.ids)
+    b.sample(TURN1)
+    b.observe([{"role": "tool", "content": "391"}, {"role": "tool", "content": "522000"}])  # two results, one block
+    b.sample(TURN2)
+    b.observe([{"role": "tool", "content": "522391"}])
+    before_last = len(b.ids)
+    b.sample(TURN3)
+    # canonical sampled tokens: the whole sequence is exactly the template's tokenization
+    full = codec.render(b.context, tools=TOOLS) + ""
+    assert b.ids == codec.encode(full)
+    assert codec.check_drift(b.ids[:before_last], b.context[:-1], TOOLS, policy="keep").kind == "none"
+    # masks: 1 exactly on the sampled assistant tokens
+    sampled = [t for t, m in zip(b.ids, b.mask) if m]
+    eos = b.eos
+    assert sampled == codec.encode(TURN1) + [eos] + codec.encode(TURN2) + [eos] + codec.encode(TURN3) + [eos]
+    assert not any(b.mask[:prompt_len])
+    text_of_masked = codec.decode([t for t, m in zip(b.ids, b.mask) if not m])
+    assert "<tool_response>\n391\n</tool_response>\n<tool_response>\n522000\n</tool_response>" in text_of_masked
+    assert text_of_masked.count("<|im_start|>assistant\n") == 3  # three generation prompts, all mask 0
+
+
+def test_user_turn_makes_the_template_drop_earlier_thinking(codec: ChatCodec) -> None:
+    first = [{"role": "user", "content": "17*23?"}]
+    b = Builder(codec, first, TOOLS)
+    b.sample(TURN1)
+    b.observe([{"role": "tool", "content": "391"}, {"role": "tool", "content": "522000"}])
+    assert not codec.template_drops_reasoning(b.context, TOOLS)  # tool results keep the reasoning
+    b.sample(TURN3)
+    new = [{"role": "user", "content": "Now divide by 7."}]
+    assert codec.template_drops_reasoning([*b.context, *new], TOOLS)  # a new query drops it
+    b.observe(new)
+    keep = codec.check_drift(b.ids, b.context, TOOLS, policy="keep")
+    assert (keep.kind, keep.expected, keep.drifted) == ("think_dropped", True, True)
+    assert keep.first_mismatch_token is not None
+    split = codec.check_drift(b.ids, b.context, TOOLS, policy="split")
+    assert (split.kind, split.expected) == ("think_dropped", False)
+    # the split policy's new sample: the template's own render, which agrees with itself
+    fresh = codec.prompt(b.context, TOOLS)
+    assert codec.check_drift(fresh.ids, b.context, TOOLS, policy="split").kind == "none"
+    assert "I need two numbers" not in fresh.text
+
+
+def test_length_stop_glue_and_unexpected_drift(codec: ChatCodec) -> None:
+    b = Builder(codec, [{"role": "user", "content": "q"}], None)
+    b.sample("<think>\nunfinished thought", stopped=False)  # length: the closing glue is all mask 0
+    assert b.ids[-2:] == codec.closing_glue and b.mask[-2:] == [0, 0]
+    b.observe([{"role": "tool", "content": "r"}])
+    assert codec.check_drift(b.ids, b.context, None, policy="keep").kind == "none"
+    broken = list(b.ids)
+    broken[len(broken) // 2] = codec.encode("X")[0]  # corrupt a prompt token
+    report = codec.check_drift(broken, b.context, None, policy="keep")
+    assert report.kind == "template" and not report.expected and "first difference" in report.detail
+
+
+def test_adapt_messages_and_empty_delta(codec: ChatCodec) -> None:
+    img = Image.new("RGB", (10, 6))
+    msgs, replaced = codec.adapt_messages([
+        {"role": "user", "content": [{"type": "text", "text": "see "}, {"type": "image", "image": img}]},
+        {"role": "tool", "content": "plain"},
+    ])
+    assert replaced == 1
+    assert msgs[0]["content"] == "see [image: 10x6]" and msgs[1]["content"] == "plain"
+    assert codec.observation_delta([], None).text == "<|im_start|>assistant\n"
+
+
+def test_template_errors_are_typed(qwen3_tokenizer: Any) -> None:
+    strict = "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools here') }}{% endif %}" \
+             "{{ m.content }}{% endfor %}"
+    codec = ChatCodec(qwen3_tokenizer, chat_template=strict)
+    with pytest.raises(TemplateError, match="no tools here"):
+        codec.observation_delta([{"role": "tool", "content": "x"}])
+
+
+def test_vision_codec_expands_pads_per_image(qwen3_tokenizer: Any) -> None:
+    from relax_gym.trainer.models import build_image_processor
+    from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
+
+    pad = qwen3_tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    codec = ChatCodec(qwen3_tokenizer, chat_template=QWEN3_VL_CHAT_TEMPLATE,
+                      vision=VisionSupport(build_image_processor(), pad, 2))
+    rng = np.random.default_rng(0)
+    a = Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8))
+    b = Image.fromarray(rng.integers(0, 255, (64, 32, 3), dtype=np.uint8))
+    first = [{"role": "user", "content": [{"type": "text", "text": "Count."}, {"type": "image", "image": a}]}]
+    prompt = codec.prompt(first)
+    assert prompt.images == [a] and len(prompt.grids) == 1
+    assert prompt.ids.count(pad) == codec.vision.pad_count(prompt.grids[0]) > 1  # type: ignore[union-attr]
+    delta = codec.observation_delta([{"role": "user", "content": [{"type": "image", "image": b}, {"type": "text", "text": "?"}]}])
+    assert delta.images == [b] and delta.ids.count(pad) == codec.vision.pad_count(delta.grids[0])  # type: ignore[union-attr]
+    assert delta.grids[0] != prompt.grids[0]
