@@ -1,0 +1,155 @@
+"""``hf:PATH`` -- a local transformers model, nothing served.
+
+Text models load with ``AutoModelForCausalLM``. Qwen-VL models (a ``vision_config`` in
+``config.json``) load with ``AutoModelForImageTextToText`` and take images through the PIL
+image processor saved beside them (torchvision is not needed). One model instance serves every
+episode: generation is serialised behind a lock and runs in a worker thread, and each turn is
+seeded from its episode key, so a run is reproducible whatever the concurrency. Video and audio
+are refused with :class:`ModalityRejected` unless the model's template and processor take them
+(none of the supported families do today).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+from relax_gym.core import Env
+from relax_gym.types import Message, Observation
+
+from .base import Agent, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected, TurnResult, count_media
+from .local_chat import Conversation, LocalChat, ToolCallParser, describe_template
+
+
+class HFAgent(Agent):
+    uses_sampling = True
+
+    def __init__(self, spec: str, path: str, options: AgentOptions) -> None:
+        self.spec = spec
+        self.path = path
+        self.options = options
+        self.chat: LocalChat | None = None
+        self.model: Any = None
+        self.vision = False
+        self._image_processor: Any = None
+        self._vision_tokens: Any = None
+        self._lock = threading.Lock()
+        self._parser: ToolCallParser | None = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        config_file = Path(self.path) / "config.json"
+        if not config_file.exists():
+            raise FatalAgentError(f"hf: {self.path!r} is not a model folder (no config.json)")
+        config = json.loads(config_file.read_text())
+        self.vision = "vision_config" in config
+        self.chat = LocalChat(self.options.tokenizer or self.path, self.options)
+        try:
+            import torch  # noqa: F401
+            from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+        except ImportError as exc:
+            raise FatalAgentError(f"hf: agent needs torch and transformers ({exc})") from None
+        try:
+            if self.vision:
+                from transformers import AutoConfig
+
+                # Qwen-VL input preparation is shared with the engine and the trainer
+                from relax_gym.trainer.models.processing import VisionTokens, load_image_processor
+
+                self.model = AutoModelForImageTextToText.from_pretrained(self.path)
+                self._image_processor = load_image_processor(self.path)
+                self._vision_tokens = VisionTokens.from_config(AutoConfig.from_pretrained(self.path))
+            else:
+                self.model = AutoModelForCausalLM.from_pretrained(self.path)
+        except (OSError, ValueError) as exc:
+            raise FatalAgentError(f"hf: cannot load the model in {self.path!r}: {exc}") from None
+        self.model.eval()
+
+    def parser(self) -> ToolCallParser:
+        if self._parser is None:
+            self._parser = ToolCallParser(self.options.tool_parser)
+        return self._parser
+
+    def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
+        if self.chat is None:
+            raise FatalAgentError("hf agent used before start()")
+        return _HFSession(self, env, episode)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"spec": self.spec}
+        if self.chat is not None:
+            out.update(describe_template(self.chat))
+        return out
+
+    def versions(self) -> dict[str, str]:
+        import transformers
+
+        return {"transformers": transformers.__version__}
+
+    def generate(self, conv: Conversation, seed: int) -> tuple[str, int, int]:
+        """(generated text, prompt tokens, completion tokens); runs under the model lock."""
+        import torch
+
+        assert self.chat is not None
+        ids = self.chat.encode(conv.prompt())
+        extra: dict[str, Any] = {}
+        images = [part["image"] for kind, part in conv.media if kind == "image"]
+        if images or self.vision:
+            from relax_gym.trainer.models.processing import prepare_vision_inputs
+
+            prepared = prepare_vision_inputs(ids, images, self._image_processor, self._vision_tokens)
+            ids = prepared.input_ids
+            extra["mm_token_type_ids"] = torch.tensor([prepared.mm_token_type_ids])
+            if prepared.pixel_values is not None:
+                extra["pixel_values"] = prepared.pixel_values
+                extra["image_grid_thw"] = prepared.image_grid_thw
+        o = self.options
+        sample = o.temperature > 0
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": o.max_tokens, "do_sample": sample}
+        if sample:
+            gen_kwargs.update(temperature=o.temperature, top_p=o.top_p)
+            if o.top_k > 0:
+                gen_kwargs["top_k"] = o.top_k
+            if o.min_p > 0:
+                gen_kwargs["min_p"] = o.min_p
+        input_ids = torch.tensor([ids])
+        with self._lock, torch.no_grad():
+            torch.manual_seed(seed)
+            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                      **gen_kwargs, **extra)
+        new = out[0, input_ids.shape[1]:].tolist()
+        text = self.chat.tokenizer.decode(new, skip_special_tokens=True)
+        return text, len(ids), len(new)
+
+
+class _HFSession(AgentSession):
+    def __init__(self, agent: HFAgent, env: Env, episode: EpisodeInfo) -> None:
+        assert agent.chat is not None
+        self.agent, self.episode = agent, episode
+        self.conv = Conversation(agent.chat, env)
+        self.turn = 0
+
+    async def act(self, observation: Observation) -> TurnResult:
+        for kind in sorted(observation.modalities - {"text"}):
+            if kind != "image" or not self.agent.vision:
+                raise ModalityRejected(kind, f"hf:{self.agent.path}", "this local model takes text"
+                                       + (" and images" if self.agent.vision else " only"))
+        self.conv.add_observation(observation)
+        seed = self.episode.turn_seed(self.turn)
+        self.turn += 1
+        text, n_prompt, n_new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
+        parser = self.agent.parser() if self.conv.tools else None
+        action, reasoning, calls = self.conv.add_reply(text, parser)
+        return TurnResult(
+            action=action, message=Message.assistant(action.text, tool_calls=calls),
+            prompt_tokens=n_prompt, completion_tokens=n_new,
+            media_sent=count_media(observation.messages), reasoning=reasoning,
+        )
+
+
+__all__ = ["HFAgent", "AgentOptions"]

@@ -1,0 +1,409 @@
+"""Run an agent on the planned episodes of an :class:`EvalConfig`, concurrently, resumably.
+
+Output folder::
+
+    config.json           the config (and its hash); --resume checks it
+    episodes.jsonl        one row per episode, appended and flushed as each one ends
+    summary.json          scores, config, versions (rewritten at the end of every invocation)
+    transcripts/ENV/sSEED-aATTEMPT.json   the conversation, steps and reasoning of each episode
+    media/                every image / audio clip / video once, named by content hash
+    retried_errors.jsonl  rows of errored episodes that a --resume ran again (kept, not lost)
+
+Each episode is keyed ``(env_id, seed, attempt)``; its task comes from the seed and the agent's
+randomness from the whole key, so an episode replays identically whenever and wherever it runs,
+and ``--resume`` can skip finished keys and run the rest. An episode that fails -- the agent
+times out, the env raises -- becomes a row with ``error`` set and counts as a failure; the run
+goes on. A :class:`FatalAgentError` (a modality the model cannot take, a wrong URL) stops the
+run: what finished is kept and a later ``--resume`` continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from relax_gym.core import EpisodeGuard
+from relax_gym.errors import RelaxGymError
+from relax_gym.registration import make
+from relax_gym.transcript import MediaWriter, message_to_record
+from relax_gym.types import Message
+
+from . import baselines as baselines_mod
+from .agents import Agent, AgentError, EpisodeInfo, FatalAgentError
+from .config import EvalConfig
+from .records import (
+    EpisodeKeyTuple,
+    EpisodeRecord,
+    RecordWriter,
+    key_slug,
+    latest_by_key,
+    read_records,
+    write_records_atomic,
+)
+from .scoring import Baseline
+from .summary import build_summary
+
+
+class RunError(RelaxGymError):
+    """The output folder cannot be used as asked (exists without --resume, other config...)."""
+
+
+@dataclass
+class RunResult:
+    out: Path
+    summary: dict[str, Any]
+    ran: int
+    skipped: int
+    fatal: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+class _EnvPool:
+    """Idle envs per id, so concurrent episodes reuse built envs instead of rebuilding them."""
+
+    def __init__(self, config: EvalConfig) -> None:
+        self.config = config
+        self.idle: dict[str, list[EpisodeGuard]] = {}
+
+    async def acquire(self, env_id: str) -> EpisodeGuard:
+        free = self.idle.get(env_id)
+        if free:
+            return free.pop()
+        info = self.config.env(env_id)
+        return await asyncio.to_thread(make, env_id, max_turns=self.config.max_turns, **info.kwargs)
+
+    def release(self, env_id: str, env: EpisodeGuard, healthy: bool) -> None:
+        if healthy:
+            self.idle.setdefault(env_id, []).append(env)
+        else:
+            env.close()
+
+    def close(self) -> None:
+        for envs in self.idle.values():
+            for env in envs:
+                env.close()
+        self.idle.clear()
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda o: repr(o)[:200]))
+
+
+def _invalid_in_step(info: dict[str, Any]) -> int:
+    if info.get("invalid_action"):
+        return 1
+    return 1 if info.get("well_formed") is False else 0
+
+
+class EvalRunner:
+    """Runs one config with one agent into one output folder."""
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        agent: Agent,
+        out: str | Path,
+        *,
+        concurrency: int = 8,
+        resume: bool = False,
+        progress: bool = True,
+        baselines_file: str | Path | None = None,
+        on_record: Callable[[EpisodeRecord], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.config = config
+        self.agent = agent
+        self.out = Path(out)
+        self.concurrency = concurrency
+        self.resume = resume
+        self.progress = progress
+        self.baselines_file = baselines_file
+        self.on_record = on_record
+        self._media_lock = threading.Lock()
+        self.problems: list[str] = []
+
+    # -- the output folder ------------------------------------------------------------------------
+    def _prepare_folder(self) -> dict[EpisodeKeyTuple, EpisodeRecord]:
+        """Check the folder against --resume and the config; return the finished rows to keep."""
+        cfg_file = self.out / "config.json"
+        episodes = self.out / "episodes.jsonl"
+        if cfg_file.exists() or episodes.exists():
+            if not self.resume:
+                raise RunError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out")
+            try:
+                old = json.loads(cfg_file.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise RunError(f"cannot resume {self.out}: config.json unreadable ({exc})") from None
+            if old.get("config_hash") != self.config.hash():
+                raise RunError(
+                    f"cannot resume {self.out}: it was run with config {old.get('config_hash')}, this one is "
+                    f"{self.config.hash()} (agent, sampling, envs, episodes, attempts, seed or turn limit differ)"
+                )
+        self.out.mkdir(parents=True, exist_ok=True)
+        rows = read_records(episodes, problems=self.problems)
+        planned = {k for k, _ in self.config.keys()}
+        latest = latest_by_key(r for r in rows if r.key in planned)
+        keep = {k: r for k, r in latest.items() if r.finished}
+        retried = [r for r in rows if r.key in planned and not r.finished]
+        if retried:
+            with (self.out / "retried_errors.jsonl").open("a", encoding="utf-8") as f:
+                for r in retried:
+                    f.write(r.to_json() + "\n")
+        if rows and (len(keep) != len(rows)):
+            write_records_atomic(episodes, sorted(keep.values(), key=lambda r: r.key))
+        cfg = {"config": self.config.to_dict(), "config_hash": self.config.hash()}
+        cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return keep
+
+    # -- one episode ------------------------------------------------------------------------------
+    async def _episode(self, pool: _EnvPool, media: MediaWriter, key: EpisodeKeyTuple, index: int) -> EpisodeRecord:
+        env_id, seed, attempt = key
+        info_env = self.config.env(env_id)
+        rec = EpisodeRecord(env_id=env_id, env_version=info_env.version, env_kwargs=info_env.kwargs, seed=seed,
+                            index=index, attempt=attempt, agent=str(self.config.agent.get("spec", "")))
+        t0 = time.perf_counter()
+        transcript: list[tuple[Message, dict[str, Any]]] = []
+        steps: list[dict[str, Any]] = []
+        media_sent: Counter[str] = Counter()
+        components: Counter[str] = Counter()
+        healthy = True
+        session = None
+        env = await pool.acquire(env_id)
+        try:
+            obs, _ = await env.areset(seed=seed)
+            transcript += [(m, {}) for m in obs.messages]
+            episode = EpisodeInfo.create(env_id, seed, attempt, int(self.config.sampling.get("seed", 0)))
+            session = self.agent.session(env, episode)
+            info: dict[str, Any] = {}
+            invalid_steps = 0
+            for _ in range(env.max_turns):
+                turn = await session.act(obs)
+                rec.prompt_tokens += turn.prompt_tokens
+                rec.completion_tokens += turn.completion_tokens
+                media_sent.update(turn.media_sent)
+                rec.tool_calls += len(turn.action.tool_calls)
+                rec.parse_errors += len(turn.action.parse_errors)
+                extra = {"reasoning": turn.reasoning} if turn.reasoning else {}
+                if turn.action.parse_errors:
+                    extra["parse_errors"] = list(turn.action.parse_errors)
+                transcript.append((turn.message, extra))
+                obs, reward, terminated, truncated, info = await env.astep(turn.action)
+                rec.turns += 1
+                rec.return_ += float(reward)
+                components.update(info.get("reward_components", {}))
+                invalid_steps += _invalid_in_step(info)
+                steps.append({"turn": rec.turns, "reward": float(reward), "terminated": terminated,
+                              "truncated": truncated, "info": _jsonable(info)})
+                transcript += [(m, {}) for m in obs.messages]
+                if terminated or truncated:
+                    rec.terminated, rec.truncated = terminated, truncated
+                    break
+            else:  # EpisodeGuard truncates at max_turns, so this means a broken guard
+                raise RelaxGymError(f"{env_id}: the episode did not end within {env.max_turns} turns")
+            rec.success = bool(info.get("success", False))
+            counted = info.get("invalid_actions")
+            rec.invalid_actions = int(counted) if isinstance(counted, int) and not isinstance(counted, bool) else invalid_steps
+        except FatalAgentError:
+            healthy = False
+            raise
+        except AgentError as exc:
+            rec.error, rec.error_type = str(exc), "agent"
+        except RelaxGymError as exc:
+            rec.error, rec.error_type = str(exc), "env"
+            healthy = False
+        except Exception as exc:  # noqa: BLE001 -- one broken episode must not end the run
+            rec.error, rec.error_type = f"{type(exc).__name__}: {exc}", type(exc).__name__
+            healthy = False
+        finally:
+            if session is not None:
+                await session.aclose()
+            pool.release(env_id, env, healthy)
+        rec.success = rec.success and rec.error is None
+        rec.reward_components = {k: float(v) for k, v in sorted(components.items())}
+        rec.media_sent = dict(sorted(media_sent.items()))
+        rec.wall_s = round(time.perf_counter() - t0, 4)
+        rec.transcript = await asyncio.to_thread(self._write_transcript, media, rec, transcript, steps)
+        return rec
+
+    def _write_transcript(self, media: MediaWriter, rec: EpisodeRecord,
+                          messages: list[tuple[Message, dict[str, Any]]], steps: list[dict[str, Any]]) -> str | None:
+        rel = Path("transcripts") / (key_slug(rec.key) + ".json")
+        path = self.out / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with self._media_lock:
+                records = [message_to_record(m, media) | extra for m, extra in messages]
+            doc = {"env_id": rec.env_id, "seed": rec.seed, "attempt": rec.attempt, "index": rec.index,
+                   "media_dir": "../../media", "messages": records, "steps": steps,
+                   "success": rec.success, "error": rec.error}
+            path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        except (OSError, TypeError, ValueError) as exc:
+            self.problems.append(f"{rec.key}: transcript not written ({type(exc).__name__}: {exc})")
+            return None
+        return rel.as_posix()
+
+    # -- the run ----------------------------------------------------------------------------------
+    async def run(self) -> RunResult:
+        started = datetime.now(timezone.utc)
+        t0 = time.perf_counter()
+        done = self._prepare_folder()
+        todo = deque((k, i) for k, i in self.config.keys() if k not in done)
+        skipped = len(done)
+        pool = _EnvPool(self.config)
+        media = MediaWriter(self.out / "media")
+        bar = _progress(len(self.config.keys()), skipped, self.progress)
+        stats = Counter(success=sum(r.success for r in done.values()), finished=skipped)
+        fatal: list[BaseException] = []
+        ran = 0
+
+        async def worker() -> None:
+            nonlocal ran
+            while todo and not fatal:
+                key, index = todo.popleft()
+                try:
+                    rec = await self._episode(pool, media, key, index)
+                except FatalAgentError as exc:
+                    fatal.append(exc)
+                    return
+                writer.write(rec)
+                ran += 1
+                stats["finished"] += 1
+                stats["success"] += int(rec.success)
+                stats["errors"] += int(rec.error is not None)
+                if self.on_record is not None:
+                    self.on_record(rec)
+                bar.update(stats)
+
+        with RecordWriter(self.out / "episodes.jsonl") as writer:
+            tasks = [asyncio.create_task(worker()) for _ in range(min(self.concurrency, max(len(todo), 1)))]
+            try:
+                while tasks:
+                    finished, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    for t in finished:
+                        if t.exception() is not None:
+                            fatal.append(t.exception())  # type: ignore[arg-type]
+                    tasks = list(pending)
+                    if fatal:  # stop the episodes still in flight: a later --resume redoes them
+                        for t in tasks:
+                            t.cancel()
+                        await asyncio.gather(*tasks, return_exceptions=True)
+                        tasks = []
+            finally:
+                bar.close()
+                pool.close()
+        summary = self.write_summary(started=started, wall_s=time.perf_counter() - t0, ran=ran, skipped=skipped)
+        message = None
+        if fatal:
+            exc = fatal[0]
+            message = str(exc) if isinstance(exc, FatalAgentError) else f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, FatalAgentError):
+                raise exc
+        return RunResult(self.out, summary, ran, skipped, message, self.problems)
+
+    def write_summary(self, *, started: datetime | None = None, wall_s: float = 0.0, ran: int = 0,
+                      skipped: int = 0) -> dict[str, Any]:
+        rows = read_records(self.out / "episodes.jsonl", problems=self.problems)
+        summary = build_summary(
+            self.config, latest_by_key(rows).values(), self.baselines(),
+            versions={**self.agent.versions(), **{f"env:{e.env_id}": f"v{e.version}" for e in self.config.envs}},
+            run={
+                "started_at": started.isoformat(timespec="seconds") if started else None,
+                "wall_s": round(wall_s, 3), "episodes_run": ran, "episodes_resumed": skipped,
+                "concurrency": self.concurrency,
+                "episode_wall_s_mean": round(sum(r.wall_s for r in rows) / len(rows), 4) if rows else None,
+            },
+        )
+        tmp = self.out / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(self.out / "summary.json")
+        return summary
+
+    def baselines(self) -> dict[str, Baseline]:
+        return baselines_mod.resolve({e.env_id: e.difficulty for e in self.config.envs}, self.baselines_file)
+
+
+class _progress:
+    """A tqdm bar on stderr (or nothing when disabled or tqdm is missing)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.bar: Any = None
+        if not enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return
+        self.bar = tqdm(total=total, initial=initial, desc="eval", unit="ep", file=sys.stderr,
+                        dynamic_ncols=True, leave=True)
+
+    def update(self, stats: Counter[str]) -> None:
+        if self.bar is None:
+            return
+        done = max(stats["finished"], 1)
+        self.bar.set_postfix(success=f"{stats['success'] / done:.3f}", errors=stats["errors"], refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+async def evaluate(config: EvalConfig, agent: Agent, out: str | Path, **kwargs: Any) -> RunResult:
+    """Run ``config`` with an already started ``agent`` (see :func:`run_eval` for the full flow)."""
+    return await EvalRunner(config, agent, out, **kwargs).run()
+
+
+
+
+
+async def run_eval(
+    agent_spec: str,
+    out: str | Path,
+    *,
+    options: Any = None,
+    suite: str | None = None,
+    env_ids: list[str] | None = None,
+    episodes: int | None = None,
+    attempts: int = 1,
+    seed: int | None = None,
+    max_turns: int | None = None,
+    env_kwargs: dict[str, dict[str, Any]] | None = None,
+    concurrency: int = 8,
+    resume: bool = False,
+    progress: bool = True,
+    baselines_file: str | Path | None = None,
+    label: str | None = None,
+) -> RunResult:
+    """The whole ``relax-gym eval`` flow: build and start the agent, plan, run, score.
+
+    ``options`` is an :class:`~relax_gym.leaderboards.agents.AgentOptions` (defaults when None).
+    """
+    from .agents import AgentOptions, make_agent
+    from .config import plan
+
+    options = options or AgentOptions()
+    agent = make_agent(agent_spec, options)
+    try:
+        await agent.start()
+        sampling = options.sampling_config() if agent.uses_sampling else {"seed": options.seed}
+        config = await asyncio.to_thread(
+            plan, agent=agent.describe(), sampling=sampling, suite=suite, env_ids=env_ids, episodes=episodes,
+            attempts=attempts, seed=seed, max_turns=max_turns, env_kwargs=env_kwargs,
+        )
+        if label:
+            config.extra["label"] = label
+        return await EvalRunner(config, agent, out, concurrency=concurrency, resume=resume, progress=progress,
+                                baselines_file=baselines_file).run()
+    finally:
+        await agent.aclose()
+__all__ = ["EvalRunner", "RunError", "RunResult", "evaluate", "run_eval"]

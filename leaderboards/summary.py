@@ -1,0 +1,150 @@
+"""``summary.json``: a run's config, versions and per-env / per-suite scores.
+
+The summary is a pure function of the config, the episode rows (sorted by key) and the
+baselines: a resumed run and an uninterrupted one with the same rows produce the same
+``results``. Timing, which differs between any two runs, is kept apart under ``run``.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from importlib import metadata
+from typing import Any
+
+from .config import EvalConfig
+from .records import EpisodeRecord, sorted_records
+from .scoring import Baseline, EnvScore, TaskOutcomes, aggregate, group_scores, score_env
+
+SUMMARY_SCHEMA = 1
+MODALITY_GROUPS: tuple[str, ...] = ("text", "image", "audio", "video")
+TOOL_TAG = "tools"
+
+
+def library_versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "platform": sys.platform}
+    for dist in ("relax-gym", "numpy", "gymnasium", "pillow", "httpx", "pydantic"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def modality_groups(config: EvalConfig) -> dict[str, list[str]]:
+    """``text``: text-only envs; ``image`` / ``audio`` / ``video``: envs that show that modality."""
+    groups: dict[str, list[str]] = {}
+    for e in config.envs:
+        mods = set(e.modalities)
+        if mods <= {"text"}:
+            groups.setdefault("text", []).append(e.env_id)
+        for m in ("image", "audio", "video"):
+            if m in mods:
+                groups.setdefault(m, []).append(e.env_id)
+    return {k: groups[k] for k in MODALITY_GROUPS if k in groups}
+
+
+def _env_stats(rows: list[EpisodeRecord]) -> dict[str, Any]:
+    n = max(len(rows), 1)
+    components: Counter[str] = Counter()
+    media: Counter[str] = Counter()
+    for r in rows:
+        components.update(r.reward_components)
+        media.update(r.media_sent)
+    return {
+        "return_mean": _r(sum(r.return_ for r in rows) / n),
+        "reward_components_mean": {k: _r(v / n) for k, v in sorted(components.items())},
+        "turns_mean": _r(sum(r.turns for r in rows) / n),
+        "tool_calls": sum(r.tool_calls for r in rows),
+        "invalid_actions": sum(r.invalid_actions for r in rows),
+        "parse_errors": sum(r.parse_errors for r in rows),
+        "prompt_tokens": sum(r.prompt_tokens for r in rows),
+        "completion_tokens": sum(r.completion_tokens for r in rows),
+        "media_sent": dict(sorted(media.items())),
+        "truncated": sum(r.truncated for r in rows),
+        "errors": sum(r.error is not None for r in rows),
+        "error_types": dict(sorted(Counter(r.error_type or "error" for r in rows if r.error).items())),
+    }
+
+
+def _r(x: float) -> float:
+    return float(f"{x:.12g}")
+
+
+def build_summary(
+    config: EvalConfig,
+    records: Iterable[EpisodeRecord],
+    baselines: Mapping[str, Baseline],
+    *,
+    versions: Mapping[str, str] | None = None,
+    run: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Score the rows of the planned episodes (others are ignored) into the summary dict."""
+    planned = {key for key, _ in config.keys()}
+    rows = [r for r in sorted_records(records) if r.key in planned]
+    by_env: dict[str, list[EpisodeRecord]] = {e.env_id: [] for e in config.envs}
+    for r in rows:
+        by_env[r.env_id].append(r)
+
+    scores: dict[str, EnvScore] = {}
+    envs_out: dict[str, Any] = {}
+    for e in config.envs:
+        env_rows = by_env[e.env_id]
+        entry: dict[str, Any] = {
+            "version": e.version, "difficulty": e.difficulty, "kwargs": e.kwargs,
+            "modalities": list(e.modalities), "tags": list(e.tags),
+        }
+        if env_rows:
+            # an errored episode scores as a failure: it is counted under "errors", never dropped
+            outcomes = TaskOutcomes.from_rows(e.env_id, ((r.seed, r.success and r.error is None) for r in env_rows))
+            scores[e.env_id] = score_env(outcomes, baselines.get(e.env_id))
+            entry.update(scores[e.env_id].to_dict())
+        else:
+            entry.update({"success": None, "normalised": None, "episodes": 0})
+        entry.update(_env_stats(env_rows))
+        envs_out[e.env_id] = entry
+
+    all_scored = [scores[e.env_id] for e in config.envs if e.env_id in scores]
+    complete = len(rows) == len(planned)
+    suite_success = aggregate(all_scored, normalised=False) if len(all_scored) == len(config.envs) else None
+    suite_norm = aggregate(all_scored, normalised=True) if len(all_scored) == len(config.envs) else None
+    tool_envs = [e.env_id for e in config.envs if TOOL_TAG in e.tags]
+    errors = sum(r.error is not None for r in rows)
+    results = {
+        "suite": {
+            "name": config.suite or "custom",
+            "success": suite_success.to_dict() if suite_success else None,
+            "normalised": suite_norm.to_dict() if suite_norm else None,
+            "envs": len(config.envs),
+            "baselines": sorted(baselines),
+        },
+        "envs": envs_out,
+        "modalities": group_scores(scores, modality_groups(config)),
+        "tool_use": {
+            **(group_scores(scores, {"tools": tool_envs}).get("tools") or {"envs": [], "success": None, "normalised": None}),
+            "tool_calls": sum(r.tool_calls for r in rows),
+            "episodes_with_tool_calls": sum(r.tool_calls > 0 for r in rows),
+        },
+        "counts": {
+            "planned": len(planned), "finished": len(rows) - errors, "errors": errors,
+            "missing": len(planned) - len(rows),
+            "error_types": dict(sorted(Counter(r.error_type or "error" for r in rows if r.error).items())),
+        },
+    }
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "complete": complete,
+        "agent": config.agent.get("spec", ""),
+        "label": config.extra.get("label") or config.agent.get("model") or config.agent.get("spec", ""),
+        "config": config.to_dict(),
+        "config_hash": config.hash(),
+        "comparability_key": config.comparability_key(),
+        "versions": {**library_versions(), **dict(versions or {})},
+        "results": results,
+        "run": dict(run or {}),
+    }
+
+
+__all__ = ["MODALITY_GROUPS", "SUMMARY_SCHEMA", "build_summary", "library_versions", "modality_groups"]
