@@ -172,7 +172,7 @@ class ArithmeticWordEnv(BoxedAnswerEnv[Level]):
         return Task(prompt, answer, str(answer), (), {"template": template.__name__.strip("_")})
 
     def parse_answer(self, raw: str) -> int | None:
-        return parse_int(raw.replace("$", "").replace("\\$", "").removesuffix("km").strip())
+        return parse_int(raw.replace("\\$", "").replace("$", "").removesuffix("km").strip())
 
     def random_answer(self, rng: np.random.Generator) -> str:
         lo, hi = self.level.answer_range

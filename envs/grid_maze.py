@@ -10,7 +10,7 @@
   are skipped; unreadable answers are reported the same way. Both are counted in ``info``.
 * **Reward** -- 1.0 on the turn the agent reaches the goal, else 0; ``success`` means it
   reached the goal within the turn budget.
-* **Difficulty** -- ``easy``: 4x4 cells (a 9x9 grid), 10 turns. ``medium``: 6x6 cells
+* **Difficulty** -- ``easy``: 3x3 cells (a 7x7 grid), 10 turns. ``medium``: 6x6 cells
   (13x13), 16 turns. ``hard``: 8x8 cells (17x17), 24 turns, start and goal at the two ends of
   the maze's longest path.
 
@@ -39,7 +39,7 @@ class Level:
 
 
 LEVELS = {
-    "easy": Level(4, 10, False, 22),
+    "easy": Level(3, 10, False, 28),
     "medium": Level(6, 16, False, 18),
     "hard": Level(8, 24, True, 14),
 }

@@ -131,13 +131,15 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
             inputs = [self._draw_grid(level.size, colors) for _ in range(level.examples + 1)]
             pairs = [(g, rule(g)) for g in inputs[:-1]]
             test_in, target = inputs[-1], rule(inputs[-1])
-            fitting = {
-                grid_to_text(c(test_in))
-                for c in self.catalogue(level, colors)
-                if all(np.array_equal(c(i), o) for i, o in pairs)
-            }
+            catalogue = self.catalogue(level, colors)
+            fitting = {grid_to_text(c(test_in)) for c in catalogue if all(np.array_equal(c(i), o) for i, o in pairs)}
+            # a rule that matches the answer on the test grid must match the true rule on every
+            # grid shown: a test grid with a symmetry that lets a wrong rule land on the answer
+            # would make guessing pay
+            lucky = [c for c in catalogue if np.array_equal(c(test_in), target)]
+            equivalent = [c for c in lucky if all(np.array_equal(c(g), rule(g)) for g in inputs)]
             informative = not any(np.array_equal(i, o) for i, o in pairs) and not np.array_equal(target, test_in)
-            if informative and fitting == {grid_to_text(target)}:
+            if informative and fitting == {grid_to_text(target)} and len(lucky) == len(equivalent):
                 break
         self._test_input, self._colors = test_in, colors
         answer = grid_to_text(target)

@@ -73,7 +73,7 @@ class ShapeCountEnv(BoxedAnswerEnv[Level]):
             + (" (shape and colour must both match)" if color else ", whatever their colour")
             + ". Reply with the number as \\boxed{N}."
         )
-        return Task(prompt, count, str(count), (ImagePart(image, id="image"),), {"question": what})
+        return Task(prompt, count, str(count), (ImagePart(image, id="image"),), {"question": what, "objects": total})
 
     def _distractor(self, level: Level, shape: str, color: str | None) -> tuple[str, str]:
         rng = self.np_random
