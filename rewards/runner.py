@@ -4,15 +4,16 @@ Every way a call can go wrong -- an exception, a timeout, a NaN, a wrong return 
 function returning the wrong number of results -- comes back as a :class:`Failure`, so the
 caller never has to catch anything.
 
-Sync functions run on daemon threads: a function that hangs past its timeout is abandoned
-(recorded as a timeout) and cannot keep the interpreter from exiting. The number of abandoned,
-still-running threads is capped so a reward that always hangs cannot exhaust the process.
+Sync functions run on a pool of reused daemon threads: a function that hangs past its timeout
+is abandoned (recorded as a timeout) and cannot keep the interpreter from exiting. Threads are
+capped, so a reward that always hangs cannot exhaust the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -83,56 +84,96 @@ def _failure_from_exception(exc: BaseException, what: str) -> Outcome:
     return Outcome.failed("exception", f"{what} raised {type(exc).__name__}: {exc}")
 
 
-class _ThreadBudget:
-    """Counts sync reward calls still running on their threads (including abandoned ones)."""
+class _DaemonWorkers:
+    """Daemon threads that run sync reward calls, reused across calls.
 
-    def __init__(self, limit: int) -> None:
+    A new thread starts only when none is idle, up to ``limit`` threads; an idle thread exits
+    after ``idle_exit_s``. A call whose caller timed out keeps its thread until it returns
+    (Python cannot stop a thread); ``stuck`` counts those, and once every thread is stuck new
+    calls are refused at once instead of queueing behind them.
+    """
+
+    def __init__(self, limit: int, idle_exit_s: float = 30.0) -> None:
         self.limit = limit
+        self.idle_exit_s = idle_exit_s
         self.live = 0
+        self.idle = 0
+        self.stuck = 0
+        self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
 
-    def try_acquire(self) -> bool:
+    def submit(self, job: Callable[[], None]) -> None:
         with self._lock:
-            if self.live >= self.limit:
-                return False
-            self.live += 1
-            return True
+            if self.stuck >= self.limit:
+                raise RewardError(
+                    "unavailable",
+                    f"all {self.limit} reward threads are stuck in calls that ran past their timeouts",
+                )
+            if self.idle == 0 and self.live < self.limit:
+                self.live += 1
+                threading.Thread(target=self._work, name="relax-reward", daemon=True).start()
+        self._queue.put(job)
 
-    def release(self) -> None:
-        with self._lock:
-            self.live -= 1
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                self.idle += 1
+            try:
+                job = self._queue.get(timeout=self.idle_exit_s)
+            except queue.Empty:
+                with self._lock:
+                    self.idle -= 1
+                    self.live -= 1
+                return
+            with self._lock:
+                self.idle -= 1
+            job()
 
 
-THREADS = _ThreadBudget(MAX_LIVE_THREADS)
+WORKERS = _DaemonWorkers(MAX_LIVE_THREADS)
 
 
-def _run_on_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
-    """Run ``fn`` on a fresh daemon thread; the returned future settles on the running loop."""
+def _run_on_worker(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """Run ``fn`` on a reward thread; the returned future settles on the running loop. A call
+    whose caller gave up before it started is skipped; one that is running is counted stuck
+    until it returns."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
+    state = {"started": False, "finished": False, "abandoned": False}
+    lock = WORKERS._lock
 
     def settle(ok: bool, value: Any) -> None:
-        if fut.done():
-            return
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
 
-    def work() -> None:
+    def job() -> None:
+        with lock:
+            if state["abandoned"]:
+                return
+            state["started"] = True
         try:
-            try:
-                ok, value = True, fn()
-            except BaseException as exc:  # noqa: BLE001 -- reported to the caller
-                ok, value = False, exc
-            try:
-                loop.call_soon_threadsafe(settle, ok, value)
-            except RuntimeError:  # the loop is closed: the caller gave up long ago
-                pass
-        finally:
-            THREADS.release()
+            ok, value = True, fn()
+        except BaseException as exc:  # noqa: BLE001 -- reported to the caller
+            ok, value = False, exc
+        with lock:
+            state["finished"] = True
+            if state["abandoned"]:
+                WORKERS.stuck -= 1
+                return
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: the caller gave up long ago
+            pass
 
-    threading.Thread(target=work, name="relax-reward", daemon=True).start()
+    def on_done(f: asyncio.Future[Any]) -> None:
+        if f.cancelled():  # the caller timed out or was cancelled
+            with lock:
+                if not state["finished"]:
+                    state["abandoned"] = True
+                    WORKERS.stuck += int(state["started"])
+
+    fut.add_done_callback(on_done)
+    WORKERS.submit(job)
     return fut
 
 
@@ -145,14 +186,7 @@ async def call_reward(
     """Call ``rf`` once and return its raw value; raises on error or ``TimeoutError``."""
     if rf.is_async:
         return await asyncio.wait_for(rf.fn(arg, **kwargs), timeout_s)
-    if not THREADS.try_acquire():
-        raise RewardError(
-            "unavailable",
-            f"{THREADS.live} sync reward calls are still running (hung past their timeouts); "
-            "refusing to start more",
-        )
-    fut = _run_on_daemon_thread(lambda: rf.fn(arg, **kwargs))
-    return await asyncio.wait_for(fut, timeout_s)
+    return await asyncio.wait_for(_run_on_worker(lambda: rf.fn(arg, **kwargs)), timeout_s)
 
 
 async def run_sample(rf: RewardFn, sample: RewardInput, kwargs: dict[str, Any], timeout_s: float | None,

@@ -275,3 +275,28 @@ def test_score_object_carries_details(registered) -> None:
     assert res.total == 0.7 and res.components["t_score/x"] == 0.1
     assert res.details["t_score"] == {"why": "because"}
     assert res.to_dict()["details"]["t_score"]["why"] == "because"
+
+
+def test_stuck_reward_threads_are_capped(registered, monkeypatch) -> None:
+    from relax_gym.rewards import runner
+
+    workers = runner._DaemonWorkers(limit=2)
+    monkeypatch.setattr(runner, "WORKERS", workers)
+
+    def hang(s):
+        time.sleep(1.0)
+        return 1.0
+
+    registered("t_hang", hang)
+    composer = RewardComposer(["t_hang"], timeout_s=0.1)
+    first = composer.score_sync([sample(), sample()])
+    assert all(r.errors["t_hang"].kind == "timeout" for r in first)
+    assert workers.stuck == 2
+    [refused] = composer.score_sync([sample()])
+    assert refused.errors["t_hang"].kind == "unavailable" and "stuck" in refused.errors["t_hang"].message
+    deadline = time.monotonic() + 5
+    while workers.stuck and time.monotonic() < deadline:  # the hung calls return after 1 s
+        time.sleep(0.05)
+    assert workers.stuck == 0
+    registered("t_fast", lambda s: 2.0)
+    assert RewardComposer(["t_fast"]).score_sync([sample()])[0].total == 2.0
