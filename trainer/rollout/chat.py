@@ -1,11 +1,14 @@
 """Chat-template rules for token-in/token-out rollouts, derived from the model's own template.
 
-The rollout manager never re-tokenizes what the model wrote. It needs four things from the chat
+The rollout manager never re-tokenizes what the model wrote. It needs these things from the chat
 template, and :class:`ChatCodec` derives each from renders of the real template rather than from
 hard-coded strings:
 
 * the **prompt** -- the first observation rendered with ``add_generation_prompt=True``, tools
   included;
+* the **assistant prefix** -- text the generation prompt adds beyond the assistant header (Qwen3
+  with ``enable_thinking=False``: an empty think block); it counts as part of the assistant's
+  content when the conversation is re-rendered;
 * the **closing glue** -- what the template writes after an assistant message's content (for
   Qwen: ``<|im_end|>`` then ``\\n``), found by rendering a sentinel assistant message. After a
   generated segment we append the part of it the engine did not already sample;
@@ -95,6 +98,7 @@ class ChatCodec:
         self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
         self._base_cache: dict[tuple[int, str], str] = {}
         self.closing_glue: list[int] = self._derive_closing_glue()
+        self.assistant_prefix: str = self._derive_assistant_prefix()
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, template_kwargs: dict[str, Any] | None = None) -> ChatCodec:
@@ -197,6 +201,20 @@ class ChatCodec:
         if text.count(_SENTINEL) != 1:
             raise TemplateError("cannot find the assistant content in the template's render")
         return self.encode(text.split(_SENTINEL, 1)[1])
+
+    def _derive_assistant_prefix(self) -> str:
+        """Text the generation prompt adds beyond an assistant message's header -- e.g. Qwen3's
+        ``<think>\\n\\n</think>\\n\\n`` with ``enable_thinking=False``. It belongs to the assistant's
+        content: the template renders it (or drops it) as part of that message."""
+        user = [{"role": "user", "content": "hi"}]
+        base = self.render(user)
+        generation_prompt = self.render(user, add_generation_prompt=True)
+        around = self.render([*user, {"role": "assistant", "content": _SENTINEL}, {"role": "user", "content": "again"}])
+        if not (generation_prompt.startswith(base) and around.startswith(base) and _SENTINEL in around):
+            return ""
+        header = around[len(base):].split(_SENTINEL, 1)[0]
+        prompt_part = generation_prompt[len(base):]
+        return prompt_part[len(header):] if prompt_part.startswith(header) else ""
 
     def split_segment(self, segment: Sequence[int]) -> tuple[int, list[int]]:
         """For a generated segment, return ``(k, glue)``: the segment's last ``k`` tokens already

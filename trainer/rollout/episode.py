@@ -192,6 +192,7 @@ class EpisodeRunner:
 
             return await asyncio.to_thread(relax_gym.make, self.spec.env_id, **self.spec.env_kwargs)
         except Exception as exc:  # noqa: BLE001
+            self.metrics.env_errors += 1
             raise _EpisodeStop("env_error", f"cannot make {self.spec.env_id}: {type(exc).__name__}: {exc}") from None
 
     async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
@@ -273,7 +274,7 @@ class EpisodeRunner:
             content_ids = segment.ids[: len(segment.ids) - overlap]
             raw_text = self.codec.decode(content_ids)
             action_text = self.codec.decode(content_ids, skip_special_tokens=True)
-            part.context.append({"role": "assistant", "content": raw_text})
+            part.context.append({"role": "assistant", "content": self.codec.assistant_prefix + raw_text})
             if segment.finish == "abort":  # the manager is stopping: keep what we have
                 self._record_turn(turn, segment, raw_text, None, 0.0, 0.0, {}, False, False, [])
                 return "aborted"
@@ -322,8 +323,6 @@ class EpisodeRunner:
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
-        if all(m.get("role") == "tool" for m in new_msgs):
-            return False
         try:
             return self.codec.template_drops_reasoning([*self.part.context, *new_msgs], self.tools)
         except TemplateError:
