@@ -99,12 +99,15 @@ def bench_genrm(rows: list[tuple[str, str]]) -> None:
     url = f"http://127.0.0.1:{int(server.stdout.readline())}"
     samples = [RewardInput.from_text("q", f"answer {i}") for i in range(64)]
 
+    cpu_per_call: list[float] = []
+
     async def run(concurrency: int) -> float:
         client = GenRMClient({"base_url": url, "max_concurrency": concurrency, "cache_size": 0})
         await client.score_batch(samples[:concurrency], "rubric")  # open the connections
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         results = await client.score_batch(samples, "rubric")
         elapsed = time.perf_counter() - start
+        cpu_per_call.append((time.process_time() - cpu) / len(samples))
         assert all(r.total == 0.7 for r in results)
         await client.aclose()
         return elapsed
@@ -124,6 +127,8 @@ def bench_genrm(rows: list[tuple[str, str]]) -> None:
                      f"{len(samples) / serial:,.0f} calls/s"))
         rows.append(("GenRM, same, concurrency 16", f"{len(samples) / parallel:,.0f} calls/s "
                      f"({serial / parallel:.1f}x)"))
+        rows.append(("GenRM client CPU per judge call (request, parse, bookkeeping)",
+                     f"{statistics.median(cpu_per_call) * 1e3:,.2f} ms"))
         rows.append(("GenRM cache hit", f"{statistics.median(asyncio.run(cache_hit()) for _ in range(3)) * 1e6:,.0f} µs/call"))
     finally:
         server.kill()

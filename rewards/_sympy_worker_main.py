@@ -77,6 +77,11 @@ class ParseError(Exception):
     pass
 
 
+class LatexUnavailable(Exception):
+    """sympy's LaTeX parser cannot run here: every LaTeX comparison would be wrong, so the
+    whole request fails instead of answering "not equal"."""
+
+
 def _is_plain(s: str) -> bool:
     if "\\" in s or "{" in s or not _PLAIN_CHARS.match(s):
         return False
@@ -93,7 +98,9 @@ def parse(s: str):
         except Exception:  # noqa: BLE001 -- fall back to the LaTeX parser
             pass
     if LATEX_ERROR is not None:
-        raise ParseError(f"LaTeX parser unavailable ({LATEX_ERROR}); install antlr4-python3-runtime==4.11.*")
+        raise LatexUnavailable(
+            f"sympy's LaTeX parser is unavailable ({LATEX_ERROR}); install antlr4-python3-runtime==4.11.*"
+        )
     try:
         expr = parse_latex(s)
     except Exception as exc:  # noqa: BLE001
@@ -186,6 +193,8 @@ def handle(req: dict) -> dict:
         except RecursionError:
             out.append(None)
             errors.append("expression too deeply nested")
+        except LatexUnavailable as exc:
+            return {"ok": False, "config": True, "error": str(exc)}
     return {"ok": True, "result": out, "errors": errors}
 
 

@@ -16,9 +16,9 @@ A percentage ``p%`` matches ``p`` and ``p/100``. Numbers match within ``rel_tol`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-import re
 from typing import Any
 
 from relax_gym.rewards.math_extract import extract_answer, extract_reference
@@ -33,7 +33,7 @@ from relax_gym.rewards.math_normalize import (
     parse_node,
 )
 from relax_gym.rewards.registry import Score, reward
-from relax_gym.rewards.sympy_pool import SympyError, SympyPool, SympyTimeout, default_pool
+from relax_gym.rewards.sympy_pool import SympyConfigError, SympyError, SympyPool, SympyTimeout, default_pool
 from relax_gym.rewards.types import RewardError, RewardInput
 
 MAX_SET_SIZE = 24  # larger sets are compared by their normalised strings only
@@ -236,6 +236,8 @@ def math_equiv(
         verdict = math_equal(pred, ref, rel_tol=rel_tol, timeout_s=timeout_s)
     except SympyTimeout as exc:
         raise RewardError("timeout", str(exc), details) from None
+    except SympyConfigError as exc:
+        raise RewardError("config", str(exc), details) from None
     except SympyError as exc:
         raise RewardError("exception", f"sympy worker: {exc}", details) from None
     details.update(method=verdict.method)

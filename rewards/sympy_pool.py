@@ -31,6 +31,10 @@ class SympyError(RuntimeError):
     """The sympy worker failed (crashed, out of memory, could not start)."""
 
 
+class SympyConfigError(SympyError):
+    """The workers cannot do the job as installed (e.g. the ANTLR runtime is missing)."""
+
+
 class SympyTimeout(SympyError, TimeoutError):
     """A sympy request ran past its timeout; the worker was killed."""
 
@@ -149,7 +153,8 @@ class SympyPool:
                 worker = None
                 raise
             if not reply.get("ok", False):
-                raise SympyError(reply.get("error") or "sympy request failed")
+                error_cls = SympyConfigError if reply.get("config") else SympyError
+                raise error_cls(reply.get("error") or "sympy request failed")
             return reply
         finally:
             self._slots.put(worker)
@@ -194,4 +199,4 @@ def default_pool() -> SympyPool:
         return _DEFAULT
 
 
-__all__ = ["SympyError", "SympyPool", "SympyTimeout", "default_pool"]
+__all__ = ["SympyConfigError", "SympyError", "SympyPool", "SympyTimeout", "default_pool"]

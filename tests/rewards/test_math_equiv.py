@@ -8,7 +8,7 @@ import time
 import pytest
 
 from relax_gym.rewards import RewardComposer, RewardInput, extract_answer, find_boxed, math_equal
-from relax_gym.rewards.sympy_pool import SympyPool, SympyTimeout
+from relax_gym.rewards.sympy_pool import SympyConfigError, SympyPool, SympyTimeout
 
 # (model answer, reference, equivalent?)
 PAIRS: list[tuple[str, str, bool]] = [
@@ -203,3 +203,18 @@ def test_reward_timeout_is_a_recorded_failure() -> None:
     assert res.failed and res.total is None
     assert res.errors["math_equiv"].kind == "timeout"
     assert res.details["math_equiv"]["extracted"] == r"10^{10^{10^{10}}}"
+
+
+def test_missing_antlr_runtime_is_a_loud_config_error(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "antlr4"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('antlr4 hidden for this test')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    pool = SympyPool(size=1)
+    try:
+        assert pool.latex_error()  # the worker reports why LaTeX parsing is off
+        assert math_equal("1,000", "1000", pool=pool).equal  # settled before sympy: still works
+        with pytest.raises(SympyConfigError, match="antlr4-python3-runtime==4.11"):
+            math_equal(r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", pool=pool)
+    finally:
+        pool.close()
