@@ -131,13 +131,16 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
             inputs = [self._draw_grid(level.size, colors) for _ in range(level.examples + 1)]
             pairs = [(g, rule(g)) for g in inputs[:-1]]
             test_in, target = inputs[-1], rule(inputs[-1])
-            catalogue = self.catalogue(level, colors)
-            fitting = {grid_to_text(c(test_in)) for c in catalogue if all(np.array_equal(c(i), o) for i, o in pairs)}
-            # a rule that matches the answer on the test grid must match the true rule on every
-            # grid shown: a test grid with a symmetry that lets a wrong rule land on the answer
+            truth = [o for _, o in pairs] + [target]
+            # every catalogue rule applied to every grid once: outputs[k][j] = rule k on grid j
+            outputs = [[c(g) for g in inputs] for c in self.catalogue(level, colors)]
+            fits = [all(np.array_equal(out[j], truth[j]) for j in range(len(pairs))) for out in outputs]
+            fitting = {grid_to_text(out[-1]) for out, fit in zip(outputs, fits, strict=True) if fit}
+            # a rule that lands on the answer for the test grid must agree with the true rule on
+            # every grid shown: a test grid whose symmetry lets a wrong rule land on the answer
             # would make guessing pay
-            lucky = [c for c in catalogue if np.array_equal(c(test_in), target)]
-            equivalent = [c for c in lucky if all(np.array_equal(c(g), rule(g)) for g in inputs)]
+            lucky = [out for out in outputs if np.array_equal(out[-1], target)]
+            equivalent = [out for out in lucky if all(np.array_equal(a, b) for a, b in zip(out, truth, strict=True))]
             informative = not any(np.array_equal(i, o) for i, o in pairs) and not np.array_equal(target, test_in)
             if informative and fitting == {grid_to_text(target)} and len(lucky) == len(equivalent):
                 break

@@ -177,11 +177,14 @@ class MotionTrackEnv(BoxedAnswerEnv[Level]):
         video = np.full((frames, SIZE, SIZE, 3), 25, dtype=np.uint8)
         video[:, :WALL] = video[:, -WALL:] = 170
         video[:, :, :WALL] = video[:, :, -WALL:] = 170
-        yy, xx = np.mgrid[0:SIZE, 0:SIZE]
         for track, color in balls:
-            for f in range(frames):
-                mask = (xx - track.x[f]) ** 2 + (yy - track.y[f]) ** 2 <= r * r
-                video[f][mask] = color
+            for f in range(frames):  # a disc, computed only in the ball's bounding box
+                cx, cy = float(track.x[f]), float(track.y[f])
+                x0, y0 = max(0, int(cx) - r - 1), max(0, int(cy) - r - 1)
+                x1, y1 = min(SIZE, int(cx) + r + 2), min(SIZE, int(cy) + r + 2)
+                ys, xs = np.ogrid[y0:y1, x0:x1]
+                mask = (xs - cx) ** 2 + (ys - cy) ** 2 <= r * r
+                video[f, y0:y1, x0:x1][mask] = color
         return video
 
     def parse_answer(self, raw: str) -> str | None:

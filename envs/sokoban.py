@@ -105,22 +105,25 @@ class SokobanEnv(GridGameEnv):
 
     def _pull_back(self, walls: np.ndarray, solved: State, steps: int) -> tuple[State, int, list[str]]:
         """Random backwards play from the solved room; returns the start state, the number of
-        pulls and the backwards moves."""
+        pulls and the backwards moves. Half the steps prefer a pull when one is possible, so
+        boxes travel rather than the player wandering."""
         rng = self.np_random
         player, boxes = solved.player, set(solved.boxes)
         moves: list[str] = []
         pulls = 0
         for _ in range(steps):
-            move = str(rng.choice(list(MOVES)))
-            nxt = step_pos(player, move)
-            if walls[nxt] or nxt in boxes:
-                continue
+            free = [m for m in MOVES if not walls[step_pos(player, m)] and step_pos(player, m) not in boxes]
+            if not free:
+                break
+            pulling = [m for m in free if step_pos(player, _OPPOSITE[m]) in boxes]
+            options = pulling if pulling and rng.random() < 0.5 else free
+            move = options[int(rng.integers(0, len(options)))]
             behind = step_pos(player, _OPPOSITE[move])
             if behind in boxes and rng.random() < 0.8:
                 boxes.remove(behind)
                 boxes.add(player)
                 pulls += 1
-            player = nxt
+            player = step_pos(player, move)
             moves.append(move)
         return State(player, frozenset(boxes)), pulls, moves
 

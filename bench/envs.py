@@ -1,0 +1,160 @@
+"""Throughput of the shipped envs, media rendering included, and their share of a rollout.
+
+    python bench/envs.py                 # prints a Markdown table (about a minute on 2 cores)
+    python bench/envs.py --write         # and replaces "## Environments" in docs/benchmarks.md
+
+For every shipped env (the grid games once per render) at one difficulty (default ``hard``,
+the heaviest), over oracle episodes on fixed seeds:
+
+* resets/s and steps/s -- the env alone, which includes drawing images, synthesising audio and
+  rendering video frames with Pillow/numpy;
+* encode -- ``format_observation(obs, "openai")`` per observation: PNG / WAV / H.264 encoding
+  into data URLs, what a rollout sends to an inference server;
+* env ms/episode -- reset + every step (rendering included) for a whole episode, and the same
+  plus encoding every observation;
+* share -- env time / (env time + turns x 20 ms): the env's part of an episode's wall time
+  when the model needs 20 ms per turn, without and with the encoding. Below 50 % the model,
+  not the env, sets the pace of a rollout -- and real models need far more than 20 ms a turn.
+
+All figures are medians over the episodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import relax_gym
+from relax_gym.envs import SHIPPED
+
+MODEL_S_PER_TURN = 0.020
+DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+SECTION = "## Environments"
+
+
+def bench_env(env_id: str, kwargs: dict[str, Any], episodes: int) -> dict[str, float]:
+    env = relax_gym.make(env_id, **kwargs)
+    env.reset(seed=0)  # warm caches (fonts, the Mastermind opening) outside the timing
+    env.format_observation(env.reset(seed=0)[0], "openai")
+    resets, steps, encodes, env_only, with_encode, turns = [], [], [], [], [], []
+    for seed in range(1, episodes + 1):
+        t0 = time.perf_counter()
+        obs, _ = env.reset(seed=seed)
+        resets.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        env.format_observation(obs, "openai")
+        encodes.append(time.perf_counter() - t0)
+        rendering, encoding = resets[-1], encodes[-1]
+        actions = iter(env.oracle())
+        n = 0
+        while True:
+            action = next(actions)
+            t0 = time.perf_counter()
+            obs, _, terminated, truncated, _ = env.step(action)
+            steps.append(time.perf_counter() - t0)
+            rendering += steps[-1]
+            if obs.messages:
+                t0 = time.perf_counter()
+                env.format_observation(obs, "openai")
+                encodes.append(time.perf_counter() - t0)
+                encoding += encodes[-1]
+            n += 1
+            if terminated or truncated:
+                break
+        env_only.append(rendering)
+        with_encode.append(rendering + encoding)
+        turns.append(n)
+    env.close()
+    n_turns = statistics.median(turns)
+    model_s = n_turns * MODEL_S_PER_TURN
+    env_s, full_s = statistics.median(env_only), statistics.median(with_encode)
+    return {
+        "resets_per_s": 1 / statistics.median(resets),
+        "steps_per_s": 1 / statistics.median(steps),
+        "encode_ms": 1e3 * statistics.median(encodes),
+        "turns": n_turns,
+        "env_ms": 1e3 * env_s,
+        "full_ms": 1e3 * full_s,
+        "share": env_s / (env_s + model_s),
+        "share_encoded": full_s / (full_s + model_s),
+    }
+
+
+def table(difficulty: str, episodes: int) -> str:
+    lines = [
+        "| env | render | resets/s | steps/s | encode ms/obs | turns | env ms/episode (+ encode) | share vs 20 ms/turn model (+ encode) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    cases = [(e.id, "") for e in SHIPPED] + [(e.id, "image") for e in SHIPPED if e.vision_kwargs]
+    shares = []
+    for env_id, render in cases:
+        kwargs: dict[str, Any] = {"difficulty": difficulty}
+        if render:
+            kwargs["render"] = render
+        r = bench_env(env_id, kwargs, episodes)
+        name = env_id + (f" ({render})" if render else "")
+        shares.append((r["share"], r["share_encoded"], name))
+        lines.append(
+            f"| `{env_id}` | {render or 'default'} | {r['resets_per_s']:,.0f} | {r['steps_per_s']:,.0f} | "
+            f"{r['encode_ms']:.2f} | {r['turns']:g} | {r['env_ms']:.1f} ({r['full_ms']:.1f}) | "
+            f"{100 * r['share']:.1f}% ({100 * r['share_encoded']:.1f}%) |"
+        )
+        print(lines[-1], file=sys.stderr, flush=True)
+    worst, worst_enc = max(shares), max(shares, key=lambda x: x[1])
+    lines += [
+        "",
+        f"Largest share: {100 * worst[0]:.1f}% ({worst[2]}); with encoding {100 * worst_enc[1]:.1f}% ({worst_enc[2]}).",
+    ]
+    return "\n".join(lines)
+
+
+def section(difficulty: str, episodes: int, body: str) -> str:
+    return "\n".join([
+        SECTION,
+        "",
+        f"Measured by `python bench/envs.py --write` (difficulty `{difficulty}`, the heaviest level; "
+        f"medians over {episodes} oracle episodes per env) on the shared 2-core CPU box, with other "
+        "jobs running, so treat the figures as ratios and orders of magnitude. resets/s and steps/s "
+        "include all media rendering (Pillow/numpy); *encode* is `format_observation(obs, \"openai\")` "
+        "per observation (PNG/WAV/H.264 data URLs); *env ms/episode* adds up the reset and every step "
+        "of an episode (in brackets: plus encoding every observation); *share* is env time / (env "
+        "time + turns x 20 ms), the env's part of an episode's wall time against a model that needs "
+        "20 ms per turn (in brackets: with the encoding).",
+        "",
+        body,
+        "",
+    ])
+
+
+def write_section(text: str, path: Path = DOC) -> None:
+    """Replace (or append) this area's section, leaving every other section as it is."""
+    current = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(current):
+        new = pattern.sub(lambda _: text + "\n", current, count=1)
+    else:
+        new = current.rstrip("\n") + "\n\n" + text
+    path.write_text(new.rstrip("\n") + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--difficulty", default="hard", choices=["easy", "medium", "hard"])
+    parser.add_argument("--episodes", type=int, default=20, help="oracle episodes per env (default 20)")
+    parser.add_argument("--write", action="store_true", help=f"replace '{SECTION}' in {DOC}")
+    args = parser.parse_args(argv)
+    text = section(args.difficulty, args.episodes, table(args.difficulty, args.episodes))
+    print(text)
+    if args.write:
+        write_section(text)
+        print(f"wrote {SECTION!r} in {DOC}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
