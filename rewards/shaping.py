@@ -17,6 +17,7 @@ from typing import Any
 from relax_gym.rewards.math_extract import find_boxed
 from relax_gym.rewards.registry import Score, reward
 from relax_gym.rewards.types import RewardError, RewardInput, finite_float
+from relax_gym.types import Message
 
 _TAG_NAME = re.compile(r"^[A-Za-z_][\w\-.]*$")
 
@@ -68,11 +69,14 @@ def format_boxed(sample: RewardInput) -> Score:
 
 def _get_parser(name: str) -> Any:
     try:
-        from relax_gym.tools import get_parser  # the tools package owns tool-call parsing
-    except ImportError as exc:
-        raise RewardError(
-            "config", f"tool_call_format needs relax_gym.tools.get_parser, which is not available ({exc})"
-        ) from None
+        from relax_gym.tools import get_parser  # type: ignore[attr-defined]  # tools owns parsing
+    except ImportError:
+        try:
+            from relax_gym.tools.parsers import get_parser
+        except ImportError as exc:
+            raise RewardError(
+                "config", f"tool_call_format needs relax_gym.tools.get_parser, which is not available ({exc})"
+            ) from None
     try:
         return get_parser(name)
     except (KeyError, ValueError) as exc:
@@ -103,11 +107,13 @@ def tool_call_format(
     p = _get_parser(parser)
     allowed = allowed_tools if allowed_tools is not None else sample.metadata.get("tools")
     allowed_set = {t if isinstance(t, str) else getattr(t, "name", str(t)) for t in allowed} if allowed else None
-    turns = [m.text for m in sample.conversation if m.role == "assistant"] or [sample.response]
+    turns = [m for m in sample.conversation if m.role == "assistant"] or [Message.assistant(sample.response)]
     errors: list[str] = []
     n_calls = 0
-    for i, text in enumerate(turns):
-        calls, errs = _parse(p, text)
+    for i, msg in enumerate(turns):
+        calls, errs = _parse(p, msg.text)
+        # a rollout may have moved the parsed calls out of the text into ``tool_calls``
+        calls = calls if len(calls) >= len(msg.tool_calls) else list(msg.tool_calls)
         errors += [f"turn {i}: {e}" for e in errs]
         n_calls += len(calls)
         if allowed_set is not None:

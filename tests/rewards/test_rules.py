@@ -154,15 +154,56 @@ def test_format_boxed() -> None:
     assert total("format_boxed", "so 3") == 0.0
 
 
-def test_tool_call_format_without_tools_package_is_a_clear_failure() -> None:
-    try:
-        from relax_gym.tools import get_parser  # noqa: F401
-    except ImportError:
-        res = score("tool_call_format", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')
-        assert res.failed and res.errors["tool_call_format"].kind == "config"
-        assert "relax_gym.tools.get_parser" in res.errors["tool_call_format"].message
-    else:
-        pytest.skip("relax_gym.tools is installed; covered by test_tool_call_format_with_hermes")
+def test_tool_call_format_without_tools_package_is_a_clear_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tools(name, *args, **kwargs):
+        if name.startswith("relax_gym.tools"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tools)
+    res = score("tool_call_format", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')
+    assert res.failed and res.errors["tool_call_format"].kind == "config"
+    assert "relax_gym.tools.get_parser" in res.errors["tool_call_format"].message
+
+
+GOOD_CALL = '<tool_call>{"name": "zoom", "arguments": {"x": 1}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("response", "kwargs", "expected"),
+    [
+        (GOOD_CALL, {}, 1.0),
+        ("<think>let me zoom</think>" + GOOD_CALL, {}, 1.0),
+        ('<tool_call>{"name": "zoom", "arguments": {"x": 1}</tool_call>', {}, 0.0),  # broken JSON
+        ("<tool_call>" + GOOD_CALL[11:-12], {}, 0.0),  # unclosed
+        ("no call at all", {}, 1.0),
+        ("no call at all", {"require_call": True}, 0.0),
+        (GOOD_CALL, {"allowed_tools": ["crop"]}, 0.0),
+        (GOOD_CALL, {"allowed_tools": ["zoom", "crop"]}, 1.0),
+    ],
+)
+def test_tool_call_format_with_hermes(response: str, kwargs: dict, expected: float) -> None:
+    pytest.importorskip("relax_gym.tools.parsers", reason="the tools package has no parsers yet")
+    res = score("tool_call_format", response, **kwargs)
+    assert not res.failed, res.error
+    assert res.total == expected, res.details
+
+
+def test_tool_call_format_checks_every_assistant_turn() -> None:
+    pytest.importorskip("relax_gym.tools.parsers", reason="the tools package has no parsers yet")
+    from relax_gym.types import Message
+
+    convo = [Message.user("zoom twice"), Message.assistant(GOOD_CALL), Message.tool("ok"),
+             Message.assistant('<tool_call>{"arguments": {}}</tool_call>'), Message.tool("error"),
+             Message.assistant("done")]
+    s = RewardInput(prompt=convo[:1], response="done", messages=convo)
+    res = R.evaluate_reward("tool_call_format", s)
+    assert res.total == 0.0 and res.details["tool_call_format"]["calls"] == 1
+    assert res.details["tool_call_format"]["errors"][0].startswith("turn 1:")
 
 
 # -- length shaping -------------------------------------------------------------------------------
