@@ -42,15 +42,19 @@ def _send(obj: dict) -> None:
     _OUT.write((json.dumps(obj) + "\n").encode("utf-8"))
 
 
-import sympy  # noqa: E402
-from sympy import E, I, Symbol, nsimplify, oo, pi, simplify  # noqa: E402,F401
-from sympy.core.relational import Relational  # noqa: E402
-from sympy.parsing.sympy_parser import (  # noqa: E402
-    convert_xor,
-    implicit_multiplication_application,
-    parse_expr,
-    standard_transformations,
-)
+try:
+    import sympy
+    from sympy import E, Symbol, oo, pi, simplify
+    from sympy.core.relational import Relational
+    from sympy.parsing.sympy_parser import (
+        convert_xor,
+        implicit_multiplication_application,
+        parse_expr,
+        standard_transformations,
+    )
+except ImportError as _exc:  # reported to the parent instead of dying with a traceback
+    _send({"ready": False, "error": f"sympy is not installed ({_exc}); pip install sympy"})
+    sys.exit(3)
 
 try:
     from sympy.parsing.latex import parse_latex

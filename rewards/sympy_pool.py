@@ -19,6 +19,7 @@ import queue
 import selectors
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,11 +42,12 @@ class SympyTimeout(SympyError, TimeoutError):
 
 class _Worker:
     def __init__(self, memory_mb: int, startup_timeout_s: float) -> None:
+        self._stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [sys.executable, "-P", str(_SCRIPT), str(memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self._stderr,
             close_fds=True,
         )
         self._buf = b""
@@ -54,6 +56,12 @@ class _Worker:
         except SympyTimeout:
             self.kill()
             raise SympyError(f"sympy worker did not start within {startup_timeout_s} s") from None
+        except SympyError:
+            self.kill()
+            raise
+        if not ready.get("ready"):
+            self.kill()
+            raise SympyConfigError(ready.get("error") or "sympy worker could not start")
         self.latex_error: str | None = ready.get("latex_error")
 
     def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -78,13 +86,22 @@ class _Worker:
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     code = self.proc.wait(timeout=5)
-                    raise SympyError(f"sympy worker died (exit code {code}; likely out of memory)")
+                    raise SympyError(f"sympy worker died (exit code {code}): {self._stderr_tail() or 'no message'}")
                 self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         try:
             return json.loads(line)
         except ValueError:
             raise SympyError(f"sympy worker sent a malformed reply: {line[:200]!r}") from None
+
+    def _stderr_tail(self, n: int = 400) -> str:
+        try:
+            self._stderr.seek(0, os.SEEK_END)
+            size = self._stderr.tell()
+            self._stderr.seek(max(0, size - n))
+            return self._stderr.read().decode("utf-8", "replace").strip().replace("\n", " | ")
+        except (OSError, ValueError):
+            return ""
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -93,7 +110,7 @@ class _Worker:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.proc.stdin, self.proc.stdout, self._stderr):
             try:
                 if stream is not None:
                     stream.close()

@@ -218,3 +218,16 @@ def test_missing_antlr_runtime_is_a_loud_config_error(tmp_path, monkeypatch: pyt
             math_equal(r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", pool=pool)
     finally:
         pool.close()
+
+
+def test_missing_sympy_is_a_config_error_not_a_crash(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "sympy"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('sympy hidden for this test')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    pool = SympyPool(size=1)
+    try:
+        with pytest.raises(SympyConfigError, match="pip install sympy"):
+            math_equal(r"\sqrt{2}", r"\frac{2}{\sqrt{2}}", pool=pool)
+    finally:
+        pool.close()
