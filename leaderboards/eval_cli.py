@@ -128,12 +128,13 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc), 2)
     for problem in result.problems:
         print(f"warning: {problem}", file=sys.stderr)
+    counts = result.summary["results"]["counts"]
     if args.json:
         print(json.dumps(result.summary["results"], indent=2))
-    else:
+    elif counts["planned"] > counts["missing"]:
         print(format_table(result.summary))
         print(f"results in {result.out} ({result.ran} episodes run, {result.skipped} resumed)")
     if result.fatal:
         return fail(f"the run stopped: {result.fatal}\n(finished episodes are kept; fix the cause and rerun "
                     f"with --resume)", 2)
-    return 1 if result.summary["results"]["counts"]["errors"] else 0
+    return 1 if counts["errors"] else 0

@@ -68,8 +68,10 @@ def key_slug(key: EpisodeKeyTuple) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env_id)}/s{seed}-a{attempt}"
 
 
-def read_records(path: str | Path, *, problems: list[str] | None = None) -> list[EpisodeRecord]:
-    """Read ``episodes.jsonl``; bad lines go to ``problems`` (if given) instead of raising."""
+def read_records(path: str | Path, *, problems: list[str] | None = None,
+                 bad_lines: list[str] | None = None) -> list[EpisodeRecord]:
+    """Read ``episodes.jsonl``; bad lines are described in ``problems`` and kept verbatim in
+    ``bad_lines`` (when given) instead of raising."""
     p = Path(path)
     if not p.exists():
         return []
@@ -83,6 +85,8 @@ def read_records(path: str | Path, *, problems: list[str] | None = None) -> list
             except (ValueError, TypeError) as exc:
                 if problems is not None:
                     problems.append(f"{p}:{lineno}: unreadable row skipped ({type(exc).__name__})")
+                if bad_lines is not None:
+                    bad_lines.append(line.rstrip("\n"))
     return out
 
 

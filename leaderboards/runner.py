@@ -8,6 +8,7 @@ Output folder::
     transcripts/ENV/sSEED-aATTEMPT.json   the conversation, steps and reasoning of each episode
     media/                every image / audio clip / video once, named by content hash
     retried_errors.jsonl  rows of errored episodes that a --resume ran again (kept, not lost)
+    unreadable_rows.txt   lines of episodes.jsonl a --resume could not parse (e.g. torn by a kill)
 
 Each episode is keyed ``(env_id, seed, attempt)``; its task comes from the seed and the agent's
 randomness from the whole key, so an episode replays identically whenever and wherever it runs,
@@ -150,7 +151,11 @@ class EvalRunner:
                     f"{self.config.hash()} (agent, sampling, envs, episodes, attempts, seed or turn limit differ)"
                 )
         self.out.mkdir(parents=True, exist_ok=True)
-        rows = read_records(episodes, problems=self.problems)
+        bad: list[str] = []
+        rows = read_records(episodes, problems=self.problems, bad_lines=bad)
+        if bad:  # e.g. the line being written when the process was killed: keep it aside
+            with (self.out / "unreadable_rows.txt").open("a", encoding="utf-8") as f:
+                f.write("\n".join(bad) + "\n")
         planned = {k for k, _ in self.config.keys()}
         latest = latest_by_key(r for r in rows if r.key in planned)
         keep = {k: r for k, r in latest.items() if r.finished}
@@ -159,7 +164,7 @@ class EvalRunner:
             with (self.out / "retried_errors.jsonl").open("a", encoding="utf-8") as f:
                 for r in retried:
                     f.write(r.to_json() + "\n")
-        if rows and (len(keep) != len(rows)):
+        if bad or len(keep) != len(rows):  # rewrite: only the kept rows, every line complete
             write_records_atomic(episodes, sorted(keep.values(), key=lambda r: r.key))
         cfg = {"config": self.config.to_dict(), "config_hash": self.config.hash()}
         cfg_file.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -12,7 +12,10 @@ envs). Rerunning the scorer on the same episodes gives the same numbers, to the 
 * ``pass^k`` -- the chance that all ``k`` attempts succeed, ``C(c, k) / C(n, k)`` (the
   tau-bench estimator), averaged over tasks.
 * normalised score -- ``(success - random) / (oracle - random)`` with the env's stored random
-  and oracle baselines: 0 is guessing, 1 is the oracle.
+  and oracle baselines: 0 is guessing, 1 is the oracle. Baselines are treated as constants.
+
+Where the bootstrap degenerates (every task scored the same, e.g. 0/20), an env's interval is
+the Wilson score interval over its tasks instead of a single point.
 """
 
 from __future__ import annotations
@@ -145,8 +148,33 @@ def interval(replicates: np.ndarray, level: float = CI_LEVEL) -> tuple[float, fl
     return float(low), float(high)
 
 
-def _estimate(value: float, replicates: np.ndarray, n: int) -> Estimate:
-    low, high = interval(replicates)
+def wilson(p: float, n: int, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``p`` observed on ``n`` trials."""
+    z = float(_z(level))
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _z(level: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + level / 2)
+
+
+def _estimate(value: float, replicates: np.ndarray, n: int, *, proportion: bool = True) -> Estimate:
+    """Percentile bootstrap interval; Wilson's where the bootstrap degenerates.
+
+    When every task scored the same (0/20 for a random agent, 20/20 for the oracle) each
+    resample has the same mean and the percentile interval collapses to a point, claiming a
+    certainty 20 tasks cannot give. For proportions the Wilson score interval over tasks is
+    used then (0/20 -> [0, 0.16]).
+    """
+    if proportion and n > 0 and float(np.ptp(replicates)) == 0.0 and 0.0 <= value <= 1.0:
+        low, high = wilson(value, n)
+    else:
+        low, high = interval(replicates)
     # percentile intervals of a mean always contain it, but guard against float noise
     return Estimate(value, min(low, value), max(high, value), n)
 
@@ -200,10 +228,11 @@ def score_env(outcomes: TaskOutcomes, baseline: Baseline | None = None,
 
     normalised = norm_reps = None
     if baseline is not None and baseline.normalise(success.value) is not None:
+        # a fixed linear map of the success rate: its interval is the mapped success interval
         span = baseline.oracle - baseline.random
         norm_reps = (reps - baseline.random) / span
-        value = (success.value - baseline.random) / span
-        normalised = _estimate(value, norm_reps, outcomes.num_tasks)
+        lo, hi = sorted(((success.low - baseline.random) / span, (success.high - baseline.random) / span))
+        normalised = Estimate((success.value - baseline.random) / span, lo, hi, outcomes.num_tasks)
     return EnvScore(outcomes.env_id, success, normalised, pass_at, pass_hat, baseline,
                     outcomes.num_episodes, reps, norm_reps)
 
@@ -219,12 +248,20 @@ def aggregate(scores: Sequence[EnvScore], *, normalised: bool) -> Estimate | Non
     if normalised:
         if any(s.normalised is None or s.normalised_replicates is None for s in scores):
             return None
-        values = [s.normalised.value for s in scores]  # type: ignore[union-attr]
+        members = [s.normalised for s in scores]
         reps = np.mean([s.normalised_replicates for s in scores], axis=0)
     else:
-        values = [s.success.value for s in scores]
+        members = [s.success for s in scores]
         reps = np.mean([s.success_replicates for s in scores], axis=0)
-    return _estimate(float(np.mean(values)), reps, sum(s.success.n for s in scores))
+    value = float(np.mean([m.value for m in members]))  # type: ignore[union-attr]
+    n = sum(s.success.n for s in scores)
+    if float(np.ptp(reps)) == 0.0:
+        # every env degenerate: average the envs' own (Wilson) bounds -- conservative, as if
+        # the envs' errors were perfectly correlated
+        low = float(np.mean([m.low for m in members]))  # type: ignore[union-attr]
+        high = float(np.mean([m.high for m in members]))  # type: ignore[union-attr]
+        return Estimate(value, min(low, value), max(high, value), n)
+    return _estimate(value, reps, n, proportion=False)
 
 
 def group_scores(scores: Mapping[str, EnvScore], groups: Mapping[str, Sequence[str]]) -> dict[str, dict[str, object]]:
@@ -260,4 +297,5 @@ __all__ = [
     "pass_at_k",
     "pass_hat_k",
     "score_env",
+    "wilson",
 ]

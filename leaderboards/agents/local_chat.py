@@ -96,7 +96,7 @@ class LocalChat:
         if not self.supports(modality):
             raise ModalityRejected(
                 modality, f"the chat template of {self.path}",
-                f"rendering a {modality} part adds no special token for it",
+                f"rendering {modality} content adds no special token for it",
             )
 
     def _probe(self, modality: str) -> bool:

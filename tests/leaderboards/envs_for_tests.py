@@ -1,0 +1,152 @@
+"""Small envs and suites for the leaderboard tests, registered under ``lbtest/``.
+
+* ``Pick`` -- name the letter shown among ``choices`` letters; the random agent picks uniformly,
+  so its success is exactly ``1 / choices`` in expectation.
+* ``Picture`` -- name the colour of a square image (text + image).
+* ``Lookup`` -- the answer is only available through a tool call (``tools`` tag, two turns).
+* ``Flaky`` -- raises inside ``step`` on seeds divisible by 3 (a broken env, for error rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+import relax_gym
+from relax_gym import Action, Message, Observation, ToolCall, ToolSpec
+
+LETTERS = "ABCDEFGH"
+COLOURS = {"red": (220, 30, 30), "green": (30, 180, 60), "blue": (40, 60, 220)}
+
+
+class PickEnv(relax_gym.Env):
+    """Reply with the letter named in the prompt."""
+
+    max_turns = 1
+
+    def __init__(self, choices: int = 4) -> None:
+        self.choices = choices
+        self.answer = "A"
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.answer = LETTERS[int(self.np_random.integers(0, self.choices))]
+        return Observation([Message.user(f"Reply with the letter {self.answer}.")]), {}
+
+    def step(self, action: Action | str):
+        text = Action.coerce(action).text.strip()
+        ok = text == self.answer
+        return Observation(), float(ok), True, False, {"success": ok, "well_formed": text in LETTERS[: self.choices]}
+
+    def oracle(self) -> Iterator[str]:
+        yield self.answer
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        return LETTERS[int(rng.integers(0, self.choices))]
+
+
+class PictureEnv(relax_gym.Env):
+    """Name the colour of the square."""
+
+    max_turns = 1
+    modalities = ("text", "image")
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.colour = list(COLOURS)[int(self.np_random.integers(0, len(COLOURS)))]
+        img = Image.new("RGB", (32, 32), COLOURS[self.colour])
+        return Observation([Message.user("What colour is this square? Answer red, green or blue.", img)]), {}
+
+    def step(self, action: Action | str):
+        ok = Action.coerce(action).text.strip().lower() == self.colour
+        return Observation(), float(ok), True, False, {"success": ok}
+
+    def oracle(self) -> Iterator[str]:
+        yield self.colour
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        return list(COLOURS)[int(rng.integers(0, len(COLOURS)))]
+
+
+LOOKUP = ToolSpec(
+    "lookup", "Return the secret word.",
+    {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+)
+
+
+class LookupEnv(relax_gym.Env):
+    """Call ``lookup`` to read a secret word, then reply with it."""
+
+    max_turns = 3
+    tags = ("tools",)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.secret = ["apple", "river", "stone", "cloud"][int(self.np_random.integers(0, 4))]
+        self.calls = 0
+        return Observation([Message.user("Find the secret word with the lookup tool, then reply with it.")],
+                           tools=[LOOKUP]), {}
+
+    def step(self, action: Action | str):
+        act = Action.coerce(action)
+        if act.parse_errors:
+            msgs = [Message.user("Your tool call could not be parsed: " + "; ".join(act.parse_errors))]
+            return Observation(msgs, tools=[LOOKUP]), 0.0, False, False, {"invalid_action": True}
+        if act.tool_calls:
+            self.calls += 1
+            msgs = []
+            for call in act.tool_calls:
+                body = self.secret if call.name == "lookup" else f"unknown tool {call.name}"
+                msgs.append(Message.tool(body, tool_call_id=call.id, name=call.name))
+            return Observation(msgs, tools=[LOOKUP]), 0.0, False, False, {}
+        ok = act.text.strip().lower() == self.secret
+        return Observation(), float(ok), True, False, {"success": ok}
+
+    def oracle(self) -> Iterator[Action | str]:
+        yield Action(tool_calls=[ToolCall("lookup", {"key": "secret"}, id="call_0")])
+        yield self.secret
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        return ["apple", "river", "stone", "cloud"][int(rng.integers(0, 4))]
+
+
+class FlakyEnv(PickEnv):
+    """A Pick env whose ``step`` raises on seeds divisible by 3."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self.seed_used = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action: Action | str):
+        if self.seed_used is not None and self.seed_used % 3 == 0:
+            raise RuntimeError("flaky env broke")
+        return super().step(action)
+
+
+def register_all() -> None:
+    """Register the test envs and suites once (idempotent)."""
+    if "lbtest/Pick-v0" in relax_gym.registry:
+        return
+    relax_gym.register("lbtest/Pick-v0", PickEnv)
+    relax_gym.register("lbtest/Pick-v1", PickEnv, kwargs={"choices": 5})
+    relax_gym.register("lbtest/Picture-v0", PictureEnv)
+    relax_gym.register("lbtest/Lookup-v0", LookupEnv)
+    relax_gym.register("lbtest/Flaky-v0", FlakyEnv)
+    relax_gym.register_suite("lbtest/mini-v0", ["lbtest/Pick-v0", "lbtest/Picture-v0", "lbtest/Lookup-v0"],
+                             episodes_per_env=6)
+    relax_gym.register_suite("lbtest/mini-v1", ["lbtest/Pick-v1", "lbtest/Picture-v0", "lbtest/Lookup-v0"],
+                             episodes_per_env=6)
+    relax_gym.register_suite("lbtest/flaky-v0", ["lbtest/Pick-v0", "lbtest/Flaky-v0"], episodes_per_env=9)
+
+
+# random-agent success of each test env (exact expectations) for the normalised score
+BASELINES = {
+    "lbtest/Pick-v0": {"random": 0.25, "oracle": 1.0},
+    "lbtest/Pick-v1": {"random": 0.2, "oracle": 1.0},
+    "lbtest/Picture-v0": {"random": 1 / 3, "oracle": 1.0},
+    "lbtest/Lookup-v0": {"random": 0.25, "oracle": 1.0},
+    "lbtest/Flaky-v0": {"random": 0.25, "oracle": 1.0},
+}
