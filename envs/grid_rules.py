@@ -19,6 +19,7 @@ The random agent guesses a rule from the level's catalogue and applies it to the
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Callable
@@ -43,22 +44,19 @@ PALETTE: tuple[tuple[int, int, int], ...] = (
 
 def _gravity(g: Grid) -> Grid:
     """Non-zero cells fall to the bottom of their column, keeping their order."""
-    out = np.zeros_like(g)
-    for col in range(g.shape[1]):
-        cells = g[:, col][g[:, col] != 0]
-        if cells.size:
-            out[-cells.size :, col] = cells
-    return out
+    order = np.argsort(g != 0, axis=-2, kind="stable")  # zeros first, the rest in order
+    return np.take_along_axis(g, order, axis=-2)
 
 
+# Each step works on one grid [n, n] or a stack of grids [k, n, n] (the last two axes).
 GEOMETRIC: dict[str, Callable[[Grid], Grid]] = {
-    "flip left-right": np.fliplr,
-    "flip up-down": np.flipud,
-    "rotate 90 clockwise": lambda g: np.rot90(g, -1),
-    "rotate 180": lambda g: np.rot90(g, 2),
-    "transpose": np.transpose,
+    "flip left-right": lambda g: np.flip(g, -1),
+    "flip up-down": lambda g: np.flip(g, -2),
+    "rotate 90 clockwise": lambda g: np.rot90(g, -1, axes=(-2, -1)),
+    "rotate 180": lambda g: np.rot90(g, 2, axes=(-2, -1)),
+    "transpose": lambda g: np.swapaxes(g, -1, -2),
     "gravity down": _gravity,
-    "shift right with wrap": lambda g: np.roll(g, 1, axis=1),
+    "shift right with wrap": lambda g: np.roll(g, 1, axis=-1),
 }
 
 
@@ -131,18 +129,19 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
             inputs = [self._draw_grid(level.size, colors) for _ in range(level.examples + 1)]
             pairs = [(g, rule(g)) for g in inputs[:-1]]
             test_in, target = inputs[-1], rule(inputs[-1])
-            truth = [o for _, o in pairs] + [target]
-            # every catalogue rule applied to every grid once: outputs[k][j] = rule k on grid j
-            outputs = [[c(g) for g in inputs] for c in self.catalogue(level, colors)]
-            fits = [all(np.array_equal(out[j], truth[j]) for j in range(len(pairs))) for out in outputs]
-            fitting = {grid_to_text(out[-1]) for out, fit in zip(outputs, fits, strict=True) if fit}
+            truth = np.stack([o for _, o in pairs] + [target])
+            # every catalogue rule applied to the whole stack of grids at once: [rules, grids, n, n]
+            grids = np.stack(inputs)
+            outputs = np.stack([c(grids) for c in self.catalogue(level, colors)])
+            same = (outputs == truth).all(axis=(2, 3))  # [rules, grids]: agrees with the true rule
+            fits = same[:, :-1].all(axis=1)
+            fitting = {grid_to_text(out) for out in outputs[fits, -1]}
             # a rule that lands on the answer for the test grid must agree with the true rule on
             # every grid shown: a test grid whose symmetry lets a wrong rule land on the answer
             # would make guessing pay
-            lucky = [out for out in outputs if np.array_equal(out[-1], target)]
-            equivalent = [out for out in lucky if all(np.array_equal(a, b) for a, b in zip(out, truth, strict=True))]
+            lucky, equivalent = int(same[:, -1].sum()), int(same.all(axis=1).sum())
             informative = not any(np.array_equal(i, o) for i, o in pairs) and not np.array_equal(target, test_in)
-            if informative and fitting == {grid_to_text(target)} and len(lucky) == len(equivalent):
+            if informative and fitting == {grid_to_text(target)} and lucky == equivalent:
                 break
         self._test_input, self._colors = test_in, colors
         answer = grid_to_text(target)
@@ -189,41 +188,14 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
         return rules
 
     def _render(self, level: Level, pairs: list[tuple[Grid, Grid]], test_in: Grid) -> Image.Image:
-        c, n, pad, label_w, arrow_w = level.cell, level.size, 8, 26, 34
-        g = n * c
-        rows = len(pairs) + 1
-        legend_h = 16 + 14
-        width = pad + label_w + g + arrow_w + g + pad
-        width = max(width, pad * 2 + 10 * 18)
-        height = pad + rows * (g + pad) + legend_h + pad
-        img = Image.new("RGB", (width, height), (250, 250, 250))
-        draw = ImageDraw.Draw(img)
-        for r in range(rows):
-            y = pad + r * (g + pad)
-            label = f"{r + 1}" if r < len(pairs) else "test"
-            text_center(draw, (pad + label_w / 2, y + g / 2), label, 11 if r == len(pairs) else 14, (40, 40, 40))
-            x_in = pad + label_w
-            x_out = x_in + g + arrow_w
-            grid_in = pairs[r][0] if r < len(pairs) else test_in
-            self._draw_grid_img(draw, grid_in, x_in, y, c)
-            text_center(draw, (x_in + g + arrow_w / 2, y + g / 2), "->", 16, (40, 40, 40))
+        img = _template(level).copy()  # labels, arrows, the "?" box and the legend
+        for r, (x_in, x_out, y) in enumerate(_rows(level)):
             if r < len(pairs):
-                self._draw_grid_img(draw, pairs[r][1], x_out, y, c)
+                img.paste(_grid_image(pairs[r][0], level.cell), (x_in, y))
+                img.paste(_grid_image(pairs[r][1], level.cell), (x_out, y))
             else:
-                draw.rectangle((x_out, y, x_out + g, y + g), outline=(120, 120, 120), width=1)
-                text_center(draw, (x_out + g / 2, y + g / 2), "?", 20, (120, 120, 120))
-        y = pad + rows * (g + pad)
-        for d in range(10):
-            x = pad + d * 18
-            draw.rectangle((x, y, x + 14, y + 14), fill=PALETTE[d], outline=(120, 120, 120))
-            text_center(draw, (x + 7, y + 22), str(d), 10, (40, 40, 40))
+                img.paste(_grid_image(test_in, level.cell), (x_in, y))
         return img
-
-    @staticmethod
-    def _draw_grid_img(draw: ImageDraw.ImageDraw, grid: Grid, x0: int, y0: int, c: int) -> None:
-        for (i, j), v in np.ndenumerate(grid):
-            x, y = x0 + j * c, y0 + i * c
-            draw.rectangle((x, y, x + c - 1, y + c - 1), fill=PALETTE[int(v)], outline=(90, 90, 90))
 
     def parse_answer(self, raw: str) -> tuple[str, ...] | None:
         return parse_grid(raw)
@@ -232,3 +204,50 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
         self._require_task()
         rules = self.catalogue(self.level, self._colors)
         return grid_to_text(rules[int(rng.integers(0, len(rules)))](self._test_input))
+
+
+_PAD, _LABEL_W, _ARROW_W, _LEGEND_H = 8, 26, 34, 30
+
+
+def _rows(level: Level) -> list[tuple[int, int, int]]:
+    """(x of the input grid, x of the output grid, y) of each row: the examples, then the test."""
+    g = level.size * level.cell
+    x_in = _PAD + _LABEL_W
+    return [(x_in, x_in + g + _ARROW_W, _PAD + r * (g + _PAD)) for r in range(level.examples + 1)]
+
+
+@functools.lru_cache(maxsize=8)
+def _template(level: Level) -> Image.Image:
+    """Everything of the picture that does not depend on the task, drawn once per level."""
+    g = level.size * level.cell
+    rows = _rows(level)
+    width = max(_PAD + _LABEL_W + g + _ARROW_W + g + _PAD, _PAD * 2 + 10 * 18)
+    height = rows[-1][2] + g + _PAD + _LEGEND_H + _PAD
+    img = Image.new("RGB", (width, height), (250, 250, 250))
+    draw = ImageDraw.Draw(img)
+    for r, (x_in, x_out, y) in enumerate(rows):
+        test = r == len(rows) - 1
+        text_center(draw, (_PAD + _LABEL_W / 2, y + g / 2), "test" if test else str(r + 1), 11 if test else 14, (40, 40, 40))
+        text_center(draw, (x_in + g + _ARROW_W / 2, y + g / 2), "->", 16, (40, 40, 40))
+        if test:
+            draw.rectangle((x_out, y, x_out + g, y + g), outline=(120, 120, 120), width=1)
+            text_center(draw, (x_out + g / 2, y + g / 2), "?", 20, (120, 120, 120))
+    y = rows[-1][2] + g + _PAD
+    for d in range(10):
+        x = _PAD + d * 18
+        draw.rectangle((x, y, x + 14, y + 14), fill=PALETTE[d], outline=(120, 120, 120))
+        text_center(draw, (x + 7, y + 22), str(d), 10, (40, 40, 40))
+    return img
+
+
+_PALETTE_ARRAY = np.array(PALETTE, dtype=np.uint8)
+
+
+def _grid_image(grid: Grid, cell: int) -> Image.Image:
+    """The grid as coloured cells with a grey outline around each cell."""
+    pixels = np.repeat(np.repeat(_PALETTE_ARRAY[grid.astype(np.intp)], cell, axis=0), cell, axis=1)
+    edge = np.arange(grid.shape[0] * cell) % cell
+    border = (edge == 0) | (edge == cell - 1)
+    pixels[border, :] = (90, 90, 90)
+    pixels[:, border] = (90, 90, 90)
+    return Image.fromarray(pixels)

@@ -2,7 +2,7 @@
 
 * **Task** -- the clip beeps one word in Morse code (dot = 1 unit, dash = 3, 1 unit between
   the elements of a letter, 3 units between letters); say the word.
-* **Observation** -- one user message: the instructions and a mono 16 kHz clip (about 2-3 s).
+* **Observation** -- one user message: the instructions and a mono 16 kHz clip (2-3.5 s).
 * **Action** -- free text ending with the word as ``\\boxed{WORD}`` (case is ignored).
 * **Reward** -- 1.0 for the right word, 0.1 for a well-formed wrong one (letters and digits
   only), else 0; ``success`` means the right word.

@@ -13,7 +13,9 @@
 * **Reward** -- 1.0 on the turn the last box reaches a target, else 0; ``success`` means the
   room was solved within the turn budget.
 * **Difficulty** -- ``easy``: 1 box in a 5x5 room, 10 turns. ``medium``: 2 boxes in a 6x6 room
-  with an inner wall, 16 turns. ``hard``: 3 boxes in a 7x7 room with inner walls, 24 turns.
+  with up to 2 inner wall squares, 16 turns. ``hard``: 3 boxes in a 7x7 room with up to 4
+  inner wall squares, 24 turns. Every box starts off its target when the generator can manage
+  it within 50 tries (it nearly always can).
 
 Levels are made by playing backwards from the solved room (the player pulls boxes off their
 targets), so every level is solvable; reversing that play gives the oracle's solution, with
