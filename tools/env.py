@@ -1,0 +1,501 @@
+"""``ToolEnv``: wrap any env so the model can call tools before it answers.
+
+::
+
+    env = ToolEnv(MathEnv(), tools=[calculator, python], parser="hermes", max_tool_calls=8)
+
+Each step takes one assistant turn:
+
+* **Tool calls** (parsed with the named parser, or taken from an ``Action`` that already holds
+  ``tool_calls``/``parse_errors``): the calls run -- concurrently when ``parallel`` -- and the
+  observation holds one ``role="tool"`` message per call attempt, in order, with
+  ``tool_call_id`` and ``name`` set. Media results become image/audio/video parts; each new
+  image gets an id (``img_1``, ``img_2``...) announced in the message's text, so ``zoom`` can
+  refer to it. A malformed call, an unknown tool, bad arguments, a tool failure or a call over
+  budget produce a message starting ``Error:`` that says exactly what was wrong; the episode
+  goes on. Reward is 0 (minus ``error_penalty`` per failed attempt, if set).
+* **No tool call**: the turn is the final answer and goes to the inner env's ``step``
+  unchanged; the inner env's reward, termination and info stand. ``submit_answer(answer)``
+  does the same explicitly; ``finish(answer)`` also ends the episode (see ``answer_tools``).
+
+Budget: ``max_tool_calls`` call attempts per episode (failed attempts count; answer tools do
+not). The message that spends the last one says so; a later turn that still calls tools ends
+the episode as truncated (``info["truncation"] = "tool_budget"``). So an episode takes at most
+``inner.max_turns + max_tool_calls + 1`` steps: that is ``ToolEnv.max_turns``, and what
+``relax_gym.make`` / ``EpisodeGuard`` should be given.
+
+``info["tools"]`` holds counts for the episode so far (``tool_calls``, ``tool_errors``,
+``parse_errors``, ``per_tool``, ``budget_left``...); latency is only in ``info["timing"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from relax_gym.core import Env, StepResult, Wrapper
+from relax_gym.types import Action, AudioPart, ContentPart, ImagePart, Message, Observation, TextPart, ToolCall, VideoPart
+
+from .answer_tools import ANSWER_TOOL_NAMES
+from .declaration import Tool, ToolContext, ToolRegistry, ToolResult, as_tool
+from .parsers import ParseError, ToolCallParser, call_id, get_parser
+
+_ID_PREFIX = re.compile(r"^(call_\d+_\d+): (.*)$", re.DOTALL)
+
+
+@dataclass
+class _Plan:
+    """What one turn asks for, decided before anything runs."""
+
+    turn: int
+    text_action: Action
+    items: list[ToolCall | ParseError]
+    run: list[ToolCall] = field(default_factory=list)  # calls to execute, in order
+    over_budget: set[int] = field(default_factory=set)  # item indices refused for the budget
+    consumed: int = 0  # budget units this turn uses (failed answer calls add one later)
+    answer_call: ToolCall | None = None  # the submit_answer/finish call, if any
+    skipped: set[int] = field(default_factory=set)  # item indices not run because of the answer
+    exhausted: bool = False  # tools called after the budget was spent: the episode ends
+
+    @property
+    def is_final_text(self) -> bool:
+        return not self.items
+
+
+class ToolEnv(Wrapper):
+    """Adds tool use to ``env``; see the module docstring for the exact semantics.
+
+    * ``tools`` -- tools (or plain typed functions) offered to the model; merged with the
+      tools the env itself provides through a ``tools()`` method on its class.
+    * ``parser`` -- ``"hermes"`` (default), ``"qwen3_coder"``, ``"openai"`` or a parser object.
+    * ``max_tool_calls`` -- call attempts per episode; ``max_calls_per_turn`` per turn.
+    * ``parallel`` -- run the calls of one turn concurrently.
+    * ``max_result_chars`` -- text of one tool result beyond this is cut in the middle.
+    * ``tool_timeout_s`` -- a tool call still running after this returns an error.
+    * ``error_penalty`` -- subtracted from the step reward per failed attempt.
+    * ``label_images`` -- add ``[image id: X]`` before each image of the inner env's
+      observations (default: when some tool takes an ``image_id``).
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        tools: Iterable[Tool | Any] = (),
+        *,
+        parser: str | ToolCallParser = "hermes",
+        max_tool_calls: int = 8,
+        max_calls_per_turn: int | None = None,
+        parallel: bool = True,
+        max_result_chars: int = 8000,
+        tool_timeout_s: float | None = 120.0,
+        error_penalty: float = 0.0,
+        label_images: bool | None = None,
+    ) -> None:
+        super().__init__(env)
+        if max_tool_calls < 0:
+            raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
+        if max_result_chars < 100:
+            raise ValueError(f"max_result_chars must be >= 100, got {max_result_chars}")
+        self._given_tools = [as_tool(t) for t in tools]
+        self.parser = get_parser(parser)
+        self.max_tool_calls = int(max_tool_calls)
+        self.max_calls_per_turn = max_calls_per_turn
+        self.parallel = parallel
+        self.max_result_chars = int(max_result_chars)
+        self.tool_timeout_s = tool_timeout_s
+        self.error_penalty = float(error_penalty)
+        self.registry = self._build_registry()
+        self.label_images = (
+            label_images
+            if label_images is not None
+            else any("image_id" in t.parameter_names for t in self.registry)
+        )
+        self._ctx = ToolContext(env=env.unwrapped)
+        self._reset_episode_state()
+
+    # -- declared properties ---------------------------------------------------------------------
+    @property
+    def max_turns(self) -> int:  # type: ignore[override]
+        return int(self.env.max_turns) + self.max_tool_calls + 1
+
+    @property
+    def modalities(self) -> tuple[str, ...]:  # type: ignore[override]
+        extra = {m for t in self.registry for m in t.output_modalities}
+        inner = tuple(self.env.modalities)
+        return inner + tuple(sorted(extra - set(inner)))
+
+    @property
+    def tags(self) -> tuple[str, ...]:  # type: ignore[override]
+        inner = tuple(self.env.tags)
+        return inner if "tools" in inner else inner + ("tools",)
+
+    @property
+    def reward_range(self) -> tuple[float, float]:  # type: ignore[override]
+        lo, hi = self.env.reward_range
+        return (min(0.0, lo) - self.error_penalty * max(1, self.max_tool_calls), max(0.0, hi))
+
+    # -- registry --------------------------------------------------------------------------------
+    def _env_tools(self) -> list[Tool]:
+        provider = getattr(self.env.unwrapped, "tools", None)
+        if provider is None or not callable(provider):
+            return []
+        return [as_tool(t) for t in provider()]
+
+    def _build_registry(self) -> ToolRegistry:
+        registry = ToolRegistry(self._given_tools)
+        for t in self._env_tools():
+            registry.add(t)
+        return registry
+
+    # -- episode ---------------------------------------------------------------------------------
+    def _reset_episode_state(self) -> None:
+        self._turn = 0
+        self._answer_turns = 0
+        self._calls_used = 0
+        self._media_counter = 0
+        self._stats: dict[str, Any] = {
+            "tool_calls": 0,
+            "tool_errors": 0,
+            "parse_errors": 0,
+            "per_tool": {t.name: {"calls": 0, "errors": 0} for t in self.registry},
+            "budget_left": self.max_tool_calls,
+            "tool_turns": 0,
+            "truncated_results": 0,
+            "skipped_calls": 0,
+            "finished": False,
+        }
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
+        self._ctx.close()
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.registry = self._build_registry()  # env tools may bind to the new episode
+        self._ctx = ToolContext(env=self.env.unwrapped)
+        self._reset_episode_state()
+        obs = self._adopt(obs, tools=True)
+        info = dict(info)
+        info["tools"] = self._stats_copy()
+        return obs, info
+
+    def close(self) -> None:
+        self._ctx.close()
+        super().close()
+
+    # -- planning --------------------------------------------------------------------------------
+    def _items_for(self, action: Action | str, turn: int) -> tuple[Action, list[ToolCall | ParseError]]:
+        if isinstance(action, Action) and (action.tool_calls or action.parse_errors):
+            items: list[ToolCall | ParseError] = []
+            for i, c in enumerate(action.tool_calls):
+                items.append(c if c.id else ToolCall(c.name, dict(c.arguments), call_id(turn, i)))
+            for err in action.parse_errors:
+                m = _ID_PREFIX.match(err)
+                items.append(ParseError(m.group(2), m.group(1)) if m else ParseError(err))
+            if self.max_calls_per_turn is not None and len(items) > self.max_calls_per_turn:
+                from .parsers import _limit
+
+                items = _limit(items, self.max_calls_per_turn)
+            return action, items
+        act = Action.coerce(action)
+        result = self.parser.parse_detailed(
+            act.text, turn=turn, max_calls=self.max_calls_per_turn, tools=self.registry.specs()
+        )
+        return act, result.items
+
+    def _plan(self, action: Action | str) -> _Plan:
+        turn = self._turn
+        act, items = self._items_for(action, turn)
+        plan = _Plan(turn, act, items)
+        if not items:
+            return plan
+        for item in items:
+            if isinstance(item, ToolCall) and item.name in ANSWER_TOOL_NAMES and item.name in self.registry:
+                plan.answer_call = item
+                break
+        if plan.answer_call is not None:
+            plan.skipped = {i for i, c in enumerate(items) if isinstance(c, ToolCall) and c is not plan.answer_call}
+            plan.run = [plan.answer_call]
+            return plan
+        budget = self.max_tool_calls - self._calls_used
+        if budget <= 0:
+            plan.exhausted = True
+            return plan
+        for i, item in enumerate(items):
+            if plan.consumed >= budget:
+                plan.over_budget.add(i)
+                continue
+            plan.consumed += 1
+            if isinstance(item, ToolCall) and item.name in self.registry:
+                plan.run.append(item)
+        return plan
+
+    # -- execution -------------------------------------------------------------------------------
+    async def _run_one(self, call: ToolCall, turn: int) -> tuple[ToolResult, float]:
+        tool = self.registry[call.name]
+        ctx = self._ctx.for_call(call.id, turn)
+        start = time.perf_counter()
+        try:
+            if self.tool_timeout_s is not None:
+                result = await asyncio.wait_for(tool.ainvoke(call.arguments, ctx), self.tool_timeout_s)
+            else:
+                result = await tool.ainvoke(call.arguments, ctx)
+        except asyncio.TimeoutError:
+            result = ToolResult.error(f"tool '{call.name}' did not finish within {self.tool_timeout_s:g} s", "timeout")
+        return result, time.perf_counter() - start
+
+    async def _execute(self, plan: _Plan) -> dict[str, tuple[ToolResult, float]]:
+        if not plan.run:
+            return {}
+        if self.parallel and len(plan.run) > 1:
+            outs = await asyncio.gather(*(self._run_one(c, plan.turn) for c in plan.run))
+        else:
+            outs = [await self._run_one(c, plan.turn) for c in plan.run]
+        return {c.id: out for c, out in zip(plan.run, outs)}
+
+    def _answer_action(self, plan: _Plan, results: dict[str, tuple[ToolResult, float]]) -> tuple[Action | None, bool]:
+        """The action for the inner env (if this turn answers) and whether to force the end."""
+        if plan.is_final_text:
+            return plan.text_action, False
+        for call in plan.run:
+            res = results.get(call.id, (None, 0.0))[0]
+            if res is not None and res.final_answer is not None and not res.is_error:
+                return Action(text=res.final_answer), res.end_episode
+        return None, False
+
+    def step(self, action: Action | str) -> StepResult:
+        plan = self._plan(action)
+        results = _run_sync(self._execute(plan)) if plan.run else {}
+        answer, force_end = self._answer_action(plan, results)
+        inner = self.env.step(answer) if answer is not None else None
+        return self._finish(plan, results, inner, force_end)
+
+    async def astep(self, action: Action | str) -> StepResult:
+        plan = self._plan(action)
+        results = await self._execute(plan) if plan.run else {}
+        answer, force_end = self._answer_action(plan, results)
+        inner = await self.env.astep(answer) if answer is not None else None
+        return self._finish(plan, results, inner, force_end)
+
+    # -- results -> observation ------------------------------------------------------------------
+    def _finish(
+        self,
+        plan: _Plan,
+        results: dict[str, tuple[ToolResult, float]],
+        inner: StepResult | None,
+        force_end: bool,
+    ) -> StepResult:
+        self._turn += 1
+        stats = self._stats
+        messages: list[Message] = []
+        errors = 0
+        timing: dict[str, float] = {}
+        used_before = self._calls_used
+        self._calls_used += plan.consumed
+        for i, item in enumerate(plan.items):
+            if isinstance(item, ParseError):
+                stats["parse_errors"] += 1
+                errors += 1
+                text = f"could not parse your tool call: {item.message}"
+                if i in plan.over_budget:
+                    text += " (" + self._budget_text(spent_earlier=False) + ")"
+                messages.append(self._error_message(item.call_id, None, text))
+            elif plan.exhausted:
+                errors += 1
+                stats["tool_errors"] += 1
+                messages.append(self._error_message(item.id, item.name, self._budget_text(spent_earlier=True)))
+            elif i in plan.skipped:
+                stats["skipped_calls"] += 1
+                messages.append(
+                    Message.tool("not run: the answer in this turn ended the tool phase", tool_call_id=item.id, name=item.name)
+                )
+            elif i in plan.over_budget:
+                errors += 1
+                stats["tool_errors"] += 1
+                messages.append(self._error_message(item.id, item.name, self._budget_text(spent_earlier=False)))
+            elif item.name not in self.registry:
+                errors += 1
+                stats["tool_errors"] += 1
+                messages.append(self._error_message(item.id, item.name, self.registry.unknown_tool_message(item.name)))
+            else:
+                result, elapsed = results[item.id]
+                timing[item.id] = elapsed
+                stats["tool_calls"] += 1
+                per = stats["per_tool"].setdefault(item.name, {"calls": 0, "errors": 0})
+                per["calls"] += 1
+                if not result.is_error:
+                    messages.append(Message.tool(*self._finish_content(result.content), tool_call_id=item.id, name=item.name))
+                    continue
+                errors += 1
+                stats["tool_errors"] += 1
+                per["errors"] += 1
+                if item is plan.answer_call:
+                    self._calls_used += 1  # a failed answer must not loop for free
+                text = result.text
+                if result.error_kind == "bad_arguments":
+                    params = json.dumps(self.registry[item.name].spec.parameters, ensure_ascii=False)
+                    text += f" The parameters are: {params}"
+                messages.append(self._error_message(item.id, item.name, text))
+        if plan.items and plan.answer_call is None:
+            stats["tool_turns"] += 1
+        spent = self._calls_used >= self.max_tool_calls
+        stats["budget_left"] = max(0, self.max_tool_calls - self._calls_used)
+        penalty = -(self.error_penalty * errors) if errors and self.error_penalty else 0.0
+        timing_info = {"tools_s": sum(timing.values()), "per_call_s": timing} if timing else {}
+
+        if inner is None:
+            # a failed answer call after the budget was spent ends the episode too
+            truncated = plan.exhausted or (plan.answer_call is not None and used_before >= self.max_tool_calls)
+            if spent and not truncated and messages:
+                messages[-1] = _append_text(messages[-1], self._budget_text(spent_earlier=False, now=True))
+            info: dict[str, Any] = {"success": False, "reward_components": {"tool_penalty": float(penalty)}}
+            if truncated:
+                info["truncation"] = "tool_budget"
+            obs = Observation(messages, tools=[] if truncated else self._advertised())
+            info["tools"] = self._stats_copy()
+            if timing_info:
+                info["timing"] = timing_info
+            return obs, float(penalty), False, bool(truncated), info
+
+        inner_obs, reward, terminated, truncated, inner_info = inner
+        self._answer_turns += 1
+        info = dict(inner_info)
+        if force_end:
+            stats["finished"] = True
+            terminated = terminated or not truncated
+        if not (terminated or truncated) and self._answer_turns >= int(self.env.max_turns):
+            truncated = True
+            info.setdefault("truncation", "max_turns")
+        adopted = self._adopt(inner_obs, tools=not (terminated or truncated))
+        obs = Observation(messages + adopted.messages, tools=adopted.tools)
+        if penalty:
+            components = dict(info.get("reward_components") or {"env": float(reward)})
+            components["tool_penalty"] = float(penalty)
+            info["reward_components"] = components
+            reward = float(reward) + penalty
+        info["tools"] = self._stats_copy()
+        if timing_info:
+            timing_all = dict(info.get("timing") or {})
+            timing_all.update(timing_info)
+            info["timing"] = timing_all
+        return obs, reward, terminated, truncated, info
+
+    def _budget_text(self, *, spent_earlier: bool, now: bool = False) -> str:
+        if now:
+            return (
+                f"You have used all {self.max_tool_calls} tool calls of this episode. "
+                "Reply with your final answer now, without calling tools."
+            )
+        if spent_earlier:
+            return (
+                f"tool budget exhausted (max_tool_calls={self.max_tool_calls}): no more tool calls are allowed; "
+                "the episode ends because tools were called again instead of answering."
+            )
+        return (
+            f"tool budget exhausted (max_tool_calls={self.max_tool_calls}): this call was not run; "
+            "answer without calling tools."
+        )
+
+    def _error_message(self, cid: str | None, name: str | None, text: str) -> Message:
+        return Message.tool(TextPart(self._truncate(f"Error: {text}")), tool_call_id=cid, name=name)
+
+    def _advertised(self) -> list[Any]:
+        """The tools callable now: all of them, or only the answer tools once the budget is spent."""
+        if self._calls_used < self.max_tool_calls:
+            return self.registry.specs()
+        return [t.spec for t in self.registry if t.name in ANSWER_TOOL_NAMES]
+
+    # -- content: truncation and media ids -------------------------------------------------------
+    def _truncate(self, text: str) -> str:
+        limit = self.max_result_chars
+        if len(text) <= limit:
+            return text
+        self._stats["truncated_results"] += 1
+        head = limit * 2 // 3
+        tail = limit - head
+        return f"{text[:head]}\n[... {len(text) - head - tail} characters truncated ...]\n{text[-tail:]}"
+
+    def _new_media_id(self, prefix: str) -> str:
+        while True:
+            self._media_counter += 1
+            candidate = f"{prefix}_{self._media_counter}"
+            if candidate not in self._ctx.images:
+                return candidate
+
+    def _finish_content(self, parts: Sequence[ContentPart]) -> list[ContentPart]:
+        text_budget = self.max_result_chars
+        out: list[ContentPart] = []
+        texts = [p for p in parts if isinstance(p, TextPart)]
+        total_text = sum(len(p.text) for p in texts)
+        for part in parts:
+            if isinstance(part, TextPart):
+                if total_text > text_budget:
+                    share = max(100, text_budget * len(part.text) // max(1, total_text))
+                    part = TextPart(self._truncate_to(part.text, share))
+                out.append(part)
+            elif isinstance(part, ImagePart):
+                pid = part.id if part.id and part.id not in self._ctx.images else self._new_media_id("img")
+                image = ImagePart(part.image, id=pid)
+                self._ctx.images[pid] = image
+                out.append(TextPart(f"[image id: {pid}, {part.image.width}x{part.image.height}]"))
+                out.append(image)
+            elif isinstance(part, AudioPart):
+                pid = part.id or self._new_media_id("audio")
+                out.append(TextPart(f"[audio id: {pid}, {part.duration_s:.2f} s]"))
+                out.append(AudioPart(part.waveform, part.sample_rate, id=pid))
+            elif isinstance(part, VideoPart):
+                pid = part.id or self._new_media_id("video")
+                out.append(TextPart(f"[video id: {pid}, {part.num_frames} frames]"))
+                out.append(VideoPart(part.frames, part.fps, id=pid))
+        if total_text > text_budget:
+            self._stats["truncated_results"] += 1
+        return out or [TextPart("(no output)")]
+
+    @staticmethod
+    def _truncate_to(text: str, limit: int) -> str:
+        if len(text) <= limit:
+            return text
+        head = limit * 2 // 3
+        tail = limit - head
+        return f"{text[:head]}\n[... {len(text) - head - tail} characters truncated ...]\n{text[-tail:]}"
+
+    def _adopt(self, obs: Observation, *, tools: bool) -> Observation:
+        """Give every image of an inner observation an id, register it for the tools, label it
+        when asked, and advertise the tools."""
+        messages: list[Message] = []
+        for msg in obs.messages:
+            content: list[ContentPart] = []
+            changed = False
+            for part in msg.content:
+                if isinstance(part, ImagePart):
+                    pid = part.id or self._new_media_id("img")
+                    if part.id is None:
+                        part = ImagePart(part.image, id=pid)
+                        changed = True
+                    self._ctx.images[pid] = part
+                    if self.label_images:
+                        content.append(TextPart(f"[image id: {pid}]"))
+                        changed = True
+                content.append(part)
+            if changed:
+                msg = Message(msg.role, content, tool_call_id=msg.tool_call_id, name=msg.name, tool_calls=list(msg.tool_calls))
+            messages.append(msg)
+        return Observation(messages, tools=self._advertised() if tools else [])
+
+    def _stats_copy(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._stats))
+
+
+def _append_text(msg: Message, note: str) -> Message:
+    return Message(msg.role, [*msg.content, TextPart("\n" + note)], tool_call_id=msg.tool_call_id, name=msg.name)
+
+
+def _run_sync(coro: Any) -> Any:
+    from .declaration import run_sync
+
+    return run_sync(coro)
+
+
+__all__ = ["ToolEnv"]

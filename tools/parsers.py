@@ -1,0 +1,513 @@
+"""Tool-call parsers: model output -> :class:`~relax_gym.types.Action`, selected by name.
+
+* ``hermes`` (default; Qwen2.5, Qwen3, Qwen3-VL): ``<tool_call>{"name": ..., "arguments":
+  {...}}</tool_call>`` blocks; ``arguments`` may be an object or a JSON string (``parameters``
+  is accepted as a synonym, and one block may hold a JSON list of calls).
+* ``qwen3_coder``: ``<tool_call><function=NAME><parameter=P>value</parameter></function>
+  </tool_call>``; values are converted with the tool's schema when the parser is given the
+  tool specs (otherwise JSON where it parses, text where it does not).
+* ``openai``: structured ``tool_calls`` from an OpenAI-compatible server (a message dict, a
+  full chat-completion response, or an SDK object); plain text falls back to ``hermes``.
+
+Rules shared by all of them:
+
+* ``<think>...</think>`` is removed before parsing (also the form where the chat template
+  opened the block and the output starts inside it); calls inside an unclosed ``<think>`` are
+  ignored: the model was still thinking.
+* Parsing never raises. Every problem -- malformed JSON, a missing name, arguments that are
+  not an object, an unclosed or stray tag, too many calls -- becomes a :class:`ParseError`
+  (a string in ``Action.parse_errors``) that ToolEnv turns into a tool-error message.
+* Every call attempt in a turn -- parsed or not -- gets the id ``call_{turn}_{i}`` in order,
+  so episodes are deterministic and an error can answer the attempt it belongs to. The
+  ``openai`` parser keeps the server's ids when it sends them.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from relax_gym.types import Action, ToolCall, ToolSpec
+
+# ------------------------------------------------------------------------------------------------
+# results
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """One failed call attempt (``call_id`` is the id the attempt would have had)."""
+
+    message: str
+    call_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.call_id}: {self.message}" if self.call_id else self.message
+
+
+@dataclass
+class ParseResult:
+    """Calls and errors in the order the model wrote them."""
+
+    text: str
+    items: list[ToolCall | ParseError] = field(default_factory=list)
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [x for x in self.items if isinstance(x, ToolCall)]
+
+    @property
+    def errors(self) -> list[ParseError]:
+        return [x for x in self.items if isinstance(x, ParseError)]
+
+    def action(self) -> Action:
+        return Action(text=self.text, tool_calls=self.calls, parse_errors=[str(e) for e in self.errors])
+
+
+def call_id(turn: int, index: int) -> str:
+    """The deterministic id of call attempt ``index`` in turn ``turn``."""
+    return f"call_{turn}_{index}"
+
+
+# ------------------------------------------------------------------------------------------------
+# shared helpers
+# ------------------------------------------------------------------------------------------------
+_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def strip_thinking(text: str) -> str:
+    """Remove reasoning: whole ``<think>`` blocks, a leading block the template opened (text
+    up to the first ``</think>``), and an unclosed trailing ``<think>``."""
+    text = _THINK_BLOCK.sub("", text)
+    if "</think>" in text:
+        text = text.partition("</think>")[2]
+    if "<think>" in text:
+        text = text.partition("<think>")[0]
+    return text
+
+
+_TAG = re.compile(r"<tool_call>|</tool_call>")
+
+
+def _scan_blocks(body: str) -> list[tuple[str | None, str | None]]:
+    """``<tool_call>`` blocks in order, each as (content, None) or (None, error message)."""
+    out: list[tuple[str | None, str | None]] = []
+    open_at: int | None = None
+    for m in _TAG.finditer(body):
+        if m.group() == "<tool_call>":
+            if open_at is not None:
+                out.append((None, "unclosed <tool_call> tag: a new <tool_call> began before </tool_call>"))
+            open_at = m.end()
+        elif open_at is None:
+            out.append((None, "stray </tool_call> without an opening <tool_call>"))
+        else:
+            out.append((body[open_at : m.start()], None))
+            open_at = None
+    if open_at is not None:
+        snippet = body[open_at : open_at + 60].strip()
+        out.append((None, f"unclosed <tool_call> tag: the output ended before </tool_call> (after {snippet!r})"))
+    return out
+
+
+def _limit(items: list[ToolCall | ParseError], max_calls: int | None) -> list[ToolCall | ParseError]:
+    if max_calls is None or len(items) <= max_calls:
+        return items
+    out = items[:max_calls]
+    for i, item in enumerate(items[max_calls:], start=max_calls):
+        cid = item.id if isinstance(item, ToolCall) else item.call_id
+        out.append(
+            ParseError(
+                f"too many tool calls in one turn: at most {max_calls} allowed; call #{i + 1} was not run",
+                cid,
+            )
+        )
+    return out
+
+
+def _coerce_arguments(raw: Any) -> dict[str, Any] | str:
+    """The ``arguments`` value as a dict, or an error message."""
+    if raw is None:
+        return {}
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            return f'the "arguments" string is not valid JSON: {exc.msg} (column {exc.colno})'
+    if not isinstance(raw, dict):
+        return f'"arguments" must be a JSON object, got {_json_type(raw)}'
+    return raw
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def _call_from_object(obj: Any, cid: str) -> ToolCall | ParseError:
+    if not isinstance(obj, dict):
+        return ParseError(f'a tool call must be a JSON object like {{"name": ..., "arguments": {{...}}}}, got {_json_type(obj)}', cid)
+    if isinstance(obj.get("function"), dict) and "name" not in obj:
+        obj = obj["function"]  # OpenAI-shaped call written as text
+    name = obj.get("name")
+    if name is None:
+        return ParseError('the tool call has no "name"', cid)
+    if not isinstance(name, str) or not name.strip():
+        return ParseError(f'"name" must be a non-empty string, got {json.dumps(name)}', cid)
+    raw_args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
+    args = _coerce_arguments(raw_args)
+    if isinstance(args, str):
+        return ParseError(f"tool call '{name.strip()}': {args}", cid)
+    return ToolCall(name.strip(), args, cid)
+
+
+# ------------------------------------------------------------------------------------------------
+# parser interface and registry
+# ------------------------------------------------------------------------------------------------
+class ToolCallParser:
+    """Turns one model output into calls and errors. Subclasses implement ``parse_detailed``."""
+
+    name: ClassVar[str] = ""
+
+    def parse(
+        self,
+        output: Any,
+        *,
+        turn: int = 0,
+        max_calls: int | None = None,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> Action:
+        """The :class:`Action` for ``output``; never raises."""
+        return self.parse_detailed(output, turn=turn, max_calls=max_calls, tools=tools).action()
+
+    def parse_detailed(
+        self,
+        output: Any,
+        *,
+        turn: int = 0,
+        max_calls: int | None = None,
+        tools: Sequence[ToolSpec] | None = None,
+    ) -> ParseResult:
+        """Calls and errors in order; never raises (an internal failure is a parse error)."""
+        text = output if isinstance(output, str) else ""
+        try:
+            result = self._parse(output, turn=turn, tools=tools)
+        except Exception as exc:  # a parser bug must not end an episode
+            return ParseResult(text, [ParseError(f"could not parse the output ({type(exc).__name__}: {exc})")])
+        result.items = _limit(result.items, max_calls)
+        return result
+
+    def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
+        raise NotImplementedError
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> Any:
+        """The model output that parses back to ``calls`` (for oracles, SFT data and tests)."""
+        raise NotImplementedError
+
+
+_PARSERS: dict[str, type[ToolCallParser]] = {}
+
+
+def register_parser(cls: type[ToolCallParser]) -> type[ToolCallParser]:
+    """Class decorator: make a parser selectable by its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a `name`")
+    _PARSERS[cls.name] = cls
+    return cls
+
+
+def get_parser(name: str | ToolCallParser = "hermes") -> ToolCallParser:
+    """A parser by name (``hermes``, ``qwen3_coder``, ``openai``) or the instance given."""
+    if isinstance(name, ToolCallParser):
+        return name
+    cls = _PARSERS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown tool-call parser {name!r}; available: {', '.join(sorted(_PARSERS))}")
+    return cls()
+
+
+def list_parsers() -> list[str]:
+    return sorted(_PARSERS)
+
+
+# ------------------------------------------------------------------------------------------------
+# hermes
+# ------------------------------------------------------------------------------------------------
+@register_parser
+class HermesParser(ToolCallParser):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Qwen2.5/Qwen3/Qwen3-VL)."""
+
+    name = "hermes"
+
+    def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
+        if not isinstance(output, str):
+            return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
+        items: list[ToolCall | ParseError] = []
+        for content, error in _scan_blocks(strip_thinking(output)):
+            if error is not None:
+                items.append(ParseError(error, call_id(turn, len(items))))
+                continue
+            assert content is not None
+            body = _strip_fence(content.strip())
+            if not body:
+                items.append(ParseError("empty <tool_call> block", call_id(turn, len(items))))
+                continue
+            try:
+                obj = json.loads(body)
+            except json.JSONDecodeError as exc:
+                items.append(
+                    ParseError(
+                        f"malformed JSON in <tool_call>: {exc.msg} (line {exc.lineno}, column {exc.colno}); "
+                        'expected {"name": "<tool name>", "arguments": {...}}',
+                        call_id(turn, len(items)),
+                    )
+                )
+                continue
+            for one in obj if isinstance(obj, list) and obj else [obj]:
+                items.append(_call_from_object(one, call_id(turn, len(items))))
+        return ParseResult(output, items)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        blocks = [
+            "<tool_call>\n" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + "\n</tool_call>"
+            for c in calls
+        ]
+        return "\n".join(([text] if text else []) + blocks)
+
+
+def _strip_fence(body: str) -> str:
+    """Some models wrap the JSON in a Markdown code fence inside the tag."""
+    if body.startswith("```") and body.endswith("```") and len(body) >= 6:
+        inner = body[3:-3]
+        first_newline = inner.find("\n")
+        if first_newline >= 0 and inner[:first_newline].strip().isalpha():
+            inner = inner[first_newline + 1 :]
+        return inner.strip()
+    return body
+
+
+# ------------------------------------------------------------------------------------------------
+# qwen3_coder (XML)
+# ------------------------------------------------------------------------------------------------
+_FUNCTION_OPEN = re.compile(r"<function=([^>\n]*)>")
+_PARAM_OPEN = re.compile(r"<parameter=([^>\n]*)>")
+
+
+@register_parser
+class Qwen3CoderParser(ToolCallParser):
+    """``<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>``."""
+
+    name = "qwen3_coder"
+
+    def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
+        if not isinstance(output, str):
+            return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
+        schemas = {t.name: t.parameters.get("properties", {}) for t in tools or ()}
+        items: list[ToolCall | ParseError] = []
+        for content, error in _scan_blocks(strip_thinking(output)):
+            cid = call_id(turn, len(items))
+            if error is not None:
+                items.append(ParseError(error, cid))
+                continue
+            assert content is not None
+            items.append(self._parse_block(content, cid, schemas))
+        return ParseResult(output, items)
+
+    def _parse_block(self, content: str, cid: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ParseError:
+        fm = _FUNCTION_OPEN.search(content)
+        if fm is None:
+            return ParseError("expected <function=NAME> inside <tool_call>", cid)
+        name = fm.group(1).strip()
+        if not name:
+            return ParseError("empty function name in <function=...>", cid)
+        end = content.find("</function>", fm.end())
+        if end < 0:
+            return ParseError(f"unclosed <function={name}> tag: missing </function>", cid)
+        inner = content[fm.end() : end]
+        props = schemas.get(name, {})
+        args: dict[str, Any] = {}
+        for pm in _PARAM_OPEN.finditer(inner):
+            pname = pm.group(1).strip()
+            close = inner.find("</parameter>", pm.end())
+            next_open = inner.find("<parameter=", pm.end())
+            if close < 0 or 0 <= next_open < close:
+                return ParseError(f"tool call '{name}': unclosed <parameter={pname}> tag: missing </parameter>", cid)
+            if not pname:
+                return ParseError(f"tool call '{name}': empty parameter name in <parameter=...>", cid)
+            if pname in args:
+                return ParseError(f"tool call '{name}': parameter '{pname}' is given twice", cid)
+            raw = inner[pm.end() : close]
+            if raw.startswith("\n"):
+                raw = raw[1:]
+            if raw.endswith("\n"):
+                raw = raw[:-1]
+            args[pname] = convert_parameter(raw, props.get(pname))
+        return ToolCall(name, args, cid)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
+        blocks = []
+        for c in calls:
+            params = "".join(
+                f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n</parameter>\n"
+                for k, v in c.arguments.items()
+            )
+            blocks.append(f"<tool_call>\n<function={c.name}>\n{params}</function>\n</tool_call>")
+        return "\n".join(([text] if text else []) + blocks)
+
+
+def _schema_types(schema: Mapping[str, Any] | None) -> set[str]:
+    if not schema:
+        return set()
+    types: set[str] = set()
+    t = schema.get("type")
+    if isinstance(t, str):
+        types.add(t)
+    elif isinstance(t, list):
+        types.update(x for x in t if isinstance(x, str))
+    for key in ("anyOf", "oneOf"):
+        for sub in schema.get(key, []) or []:
+            if isinstance(sub, Mapping):
+                types |= _schema_types(sub)
+    if not types and "enum" in schema:
+        types |= {_json_type_name(v) for v in schema["enum"]}
+    return types
+
+
+def _json_type_name(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "null" if value is None else "object"
+
+
+def convert_parameter(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """A ``<parameter>`` value (always text) converted to its schema type; unconvertible
+    values stay text so that validation can say what was wrong."""
+    types = _schema_types(schema)
+    stripped = raw.strip()
+    if "null" in types and stripped.lower() in ("null", "none"):
+        return None
+    if types == {"string"} or types == {"string", "null"}:
+        return raw
+    if "integer" in types:
+        try:
+            return int(stripped)
+        except ValueError:
+            pass
+    if "number" in types:
+        try:
+            value = float(stripped)
+            return int(value) if value.is_integer() and "." not in stripped and "e" not in stripped.lower() else value
+        except ValueError:
+            pass
+    if "boolean" in types and stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if types & {"object", "array"} or not types:
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError:
+            if types:
+                try:
+                    return ast.literal_eval(stripped)
+                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    pass
+    return raw
+
+
+# ------------------------------------------------------------------------------------------------
+# openai (structured tool_calls)
+# ------------------------------------------------------------------------------------------------
+@register_parser
+class OpenAIParser(ToolCallParser):
+    """Structured ``tool_calls`` from an OpenAI-compatible server.
+
+    Accepts an assistant message (``{"content": ..., "tool_calls": [...]}``), a whole chat
+    completion (``{"choices": [{"message": ...}]}``) or an SDK object with ``model_dump()``.
+    Plain text goes to the ``fallback`` parser (``hermes``; ``None`` for none).
+    """
+
+    name = "openai"
+
+    def __init__(self, fallback: str | None = "hermes") -> None:
+        self.fallback = get_parser(fallback) if fallback else None
+
+    def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
+        if isinstance(output, str):
+            if self.fallback is not None:
+                return self.fallback._parse(output, turn=turn, tools=tools)
+            return ParseResult(output, [])
+        if hasattr(output, "model_dump"):
+            output = output.model_dump()
+        if not isinstance(output, Mapping):
+            return ParseResult("", [ParseError(f"expected an assistant message or a chat completion, got {type(output).__name__}")])
+        message: Any = output
+        if "choices" in output:
+            choices = output.get("choices")
+            if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+                return ParseResult("", [ParseError("the chat completion has no choices")])
+            message = choices[0].get("message") or {}
+            if not isinstance(message, Mapping):
+                return ParseResult("", [ParseError("choices[0].message is not an object")])
+        text = _content_text(message.get("content"))
+        raw_calls = message.get("tool_calls") or []
+        if not raw_calls and isinstance(message.get("function_call"), Mapping):
+            raw_calls = [{"type": "function", "function": message["function_call"]}]  # legacy form
+        if not isinstance(raw_calls, list):
+            return ParseResult(text, [ParseError('"tool_calls" must be a list')])
+        items: list[ToolCall | ParseError] = []
+        for raw in raw_calls:
+            index = len(items)
+            given_id = raw.get("id") if isinstance(raw, Mapping) else None
+            cid = given_id if isinstance(given_id, str) and given_id else call_id(turn, index)
+            if not isinstance(raw, Mapping) or not isinstance(raw.get("function"), Mapping):
+                items.append(ParseError('each tool call needs a "function" object with "name" and "arguments"', cid))
+                continue
+            items.append(_call_from_object(dict(raw["function"]), cid))
+        return ParseResult(text, items)
+
+    def render(self, calls: Sequence[ToolCall], text: str = "") -> dict[str, Any]:
+        return {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_json()}}
+                for c in calls
+            ],
+        }
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    return str(content)
+
+
+__all__ = [
+    "HermesParser",
+    "OpenAIParser",
+    "ParseError",
+    "ParseResult",
+    "Qwen3CoderParser",
+    "ToolCallParser",
+    "call_id",
+    "convert_parameter",
+    "get_parser",
+    "list_parsers",
+    "register_parser",
+    "strip_thinking",
+]
