@@ -22,6 +22,7 @@ All figures are medians over the episodes.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -87,7 +88,8 @@ def bench_env(env_id: str, kwargs: dict[str, Any], episodes: int) -> dict[str, f
 
 def table(difficulty: str, episodes: int) -> str:
     lines = [
-        "| env | render | resets/s | steps/s | encode ms/obs | turns | env ms/episode (+ encode) | share vs 20 ms/turn model (+ encode) |",
+        "| env | render | resets/s | steps/s | encode ms/obs | turns | env ms/episode (+ encode) "
+        "| share vs 20 ms/turn model (+ encode) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     cases = [(e.id, "") for e in SHIPPED] + [(e.id, "image") for e in SHIPPED if e.vision_kwargs]
@@ -113,13 +115,14 @@ def table(difficulty: str, episodes: int) -> str:
     return "\n".join(lines)
 
 
-def section(difficulty: str, episodes: int, body: str) -> str:
+def section(difficulty: str, episodes: int, body: str, load: float) -> str:
     return "\n".join([
         SECTION,
         "",
         f"Measured by `python bench/envs.py --write` (difficulty `{difficulty}`, the heaviest level; "
         f"medians over {episodes} oracle episodes per env) on the shared 2-core CPU box, with other "
-        "jobs running, so treat the figures as ratios and orders of magnitude. resets/s and steps/s "
+        f"jobs running (1-minute load average {load:.1f} at the start), so treat the figures as ratios "
+        "and orders of magnitude. resets/s and steps/s "
         "include all media rendering (Pillow/numpy); *encode* is `format_observation(obs, \"openai\")` "
         "per observation (PNG/WAV/H.264 data URLs); *env ms/episode* adds up the reset and every step "
         "of an episode (in brackets: plus encoding every observation); *share* is env time / (env "
@@ -148,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=20, help="oracle episodes per env (default 20)")
     parser.add_argument("--write", action="store_true", help=f"replace '{SECTION}' in {DOC}")
     args = parser.parse_args(argv)
-    text = section(args.difficulty, args.episodes, table(args.difficulty, args.episodes))
+    load = os.getloadavg()[0]
+    text = section(args.difficulty, args.episodes, table(args.difficulty, args.episodes), load)
     print(text)
     if args.write:
         write_section(text)

@@ -113,7 +113,9 @@ class ClockReadingEnv(BoxedAnswerEnv[Level]):
         return img
 
     @staticmethod
-    def _hand(draw: ImageDraw.ImageDraw, c: float, degrees: float, length: float, width: int, color: tuple[int, int, int]) -> None:
+    def _hand(
+        draw: ImageDraw.ImageDraw, c: float, degrees: float, length: float, width: int, color: tuple[int, int, int]
+    ) -> None:
         angle = math.radians(degrees - 90)
         draw.line((c, c, c + length * math.cos(angle), c + length * math.sin(angle)), fill=color, width=width)
 

@@ -98,7 +98,8 @@ def render() -> str:
     ]
     for e in SHIPPED:
         spec(e.id)  # fail loudly here if a row is not registered
-        lines += ["", f"## {e.id}", "", f"Family `{e.family}`, tags {', '.join(f'`{t}`' for t in e.tags)}.", "", _module_doc(e)]
+        tags = ", ".join(f"`{t}`" for t in e.tags)
+        lines += ["", f"## {e.id}", "", f"Family `{e.family}`, tags {tags}.", "", _module_doc(e)]
     return "\n".join(lines) + "\n"
 
 

@@ -79,8 +79,8 @@ class Rule:
 
     @property
     def name(self) -> str:
-        parts = [f"swap colours {self.swap[0]} and {self.swap[1]}" if s == "swap colours" and self.swap else s for s in self.steps]
-        return " then ".join(parts)
+        swap = f"swap colours {self.swap[0]} and {self.swap[1]}" if self.swap else "swap colours"
+        return " then ".join(swap if s == "swap colours" else s for s in self.steps)
 
 
 @dataclass(frozen=True)

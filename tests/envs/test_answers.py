@@ -17,7 +17,13 @@ ONE_TURN = [e.id for e in SHIPPED if e.max_turns == 1 and e.id != "relax/SenseCo
 
 @pytest.mark.parametrize(
     ("text", "inner"),
-    [("so \\boxed{12}", "12"), ("\\boxed{1} then \\boxed{2}", "2"), ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"), ("\\boxed{open", None), ("none", None)],
+    [
+        ("so \\boxed{12}", "12"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{open", None),
+        ("none", None),
+    ],
 )
 def test_last_boxed(text: str, inner: str | None) -> None:
     assert last_boxed(text) == inner

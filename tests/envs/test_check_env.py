@@ -15,7 +15,13 @@ CASES = [(e.id, d, {}) for e in SHIPPED for d in DIFFICULTIES] + [
 ]
 
 
-@pytest.mark.parametrize(("env_id", "difficulty", "kwargs"), CASES, ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}={x}" for k, x in v.items()) or "default")
+def _case_id(value: object) -> str:
+    if isinstance(value, dict):
+        return "-".join(f"{k}={v}" for k, v in value.items()) or "default"
+    return str(value)
+
+
+@pytest.mark.parametrize(("env_id", "difficulty", "kwargs"), CASES, ids=_case_id)
 def test_check_env_passes(env_id: str, difficulty: str, kwargs: dict[str, str]) -> None:
     env = relax_gym.make(env_id, difficulty=difficulty, **kwargs)
     report = relax_gym.check_env(env, seeds=[0, 1, 2, 3, 4], raise_on_failure=False)

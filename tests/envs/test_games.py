@@ -200,7 +200,14 @@ def test_mastermind_oracle_uses_only_feedback() -> None:
 # -- move parsing --------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("raw", "moves"),
-    [("RRD", ["R", "R", "D"]), ("r r d", ["R", "R", "D"]), ("right, up; LEFT", ["R", "U", "L"]), ("", None), ("RX", None), ("go", None)],
+    [
+        ("RRD", ["R", "R", "D"]),
+        ("r r d", ["R", "R", "D"]),
+        ("right, up; LEFT", ["R", "U", "L"]),
+        ("", None),
+        ("RX", None),
+        ("go", None),
+    ],
 )
 def test_parse_moves(raw: str, moves: list[str] | None) -> None:
     assert parse_moves(raw) == moves
