@@ -30,43 +30,101 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-QWEN3_06B = dict(
-    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-    rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0}, rms_norm_eps=1e-6,
-    tie_word_embeddings=True,
+QWEN3_06B = {
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+TINY_QWEN3 = dict(
+    QWEN3_06B,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
 )
-TINY_QWEN3 = dict(QWEN3_06B, vocab_size=512, hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 # Qwen3-VL-2B-shaped language model, shortened to 8 layers, with a 6-block vision tower.
-QWEN3VL_SMALL = dict(
-    text_config=dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=8,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        max_position_embeddings=32768, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
-                         "mrope_section": [24, 20, 20], "mrope_interleaved": True},
+QWEN3VL_SMALL = {
+    "text_config": {
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 5_000_000.0,
+            "mrope_section": [24, 20, 20],
+            "mrope_interleaved": True,
+        },
+    },
+    "vision_config": {
+        "depth": 6,
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_heads": 16,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [1, 3, 5],
+        "num_position_embeddings": 2304,
+    },
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": True,
+}
+TINY_QWEN3VL = {
+    "text_config": dict(
+        QWEN3VL_SMALL["text_config"],
+        vocab_size=151936,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 5e5,
+            "mrope_section": [6, 5, 5],
+            "mrope_interleaved": True,
+        },
     ),
-    vision_config=dict(depth=6, hidden_size=1024, intermediate_size=4096, num_heads=16,
-                       out_hidden_size=2048, patch_size=16, spatial_merge_size=2,
-                       temporal_patch_size=2, deepstack_visual_indexes=[1, 3, 5],
-                       num_position_embeddings=2304),
-    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-    vision_end_token_id=151653, tie_word_embeddings=True,
-)
-TINY_QWEN3VL = dict(
-    text_config=dict(QWEN3VL_SMALL["text_config"], vocab_size=151936, hidden_size=64,
-                     intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                     num_key_value_heads=2, head_dim=32,
-                     rope_parameters={"rope_type": "default", "rope_theta": 5e5,
-                                      "mrope_section": [6, 5, 5], "mrope_interleaved": True}),
-    vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
-                       out_hidden_size=64, patch_size=16, spatial_merge_size=2,
-                       temporal_patch_size=2, deepstack_visual_indexes=[0, 1],
-                       num_position_embeddings=64),
-    image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-    vision_end_token_id=151653, tie_word_embeddings=True,
-)
+    "vision_config": {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": 64,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "deepstack_visual_indexes": [0, 1],
+        "num_position_embeddings": 64,
+    },
+    "image_token_id": 151655,
+    "video_token_id": 151656,
+    "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653,
+    "tie_word_embeddings": True,
+}
 
 
 def _sync() -> None:
@@ -92,8 +150,11 @@ def _save_random(config: Any, folder: Path, is_vl: bool) -> None:
     from transformers import AutoModelForCausalLM, Qwen3VLForConditionalGeneration
 
     torch.manual_seed(0)
-    model = (Qwen3VLForConditionalGeneration(config) if is_vl
-             else AutoModelForCausalLM.from_config(config))
+    model = (
+        Qwen3VLForConditionalGeneration(config)
+        if is_vl
+        else AutoModelForCausalLM.from_config(config)
+    )
     model.save_pretrained(str(folder))
 
 
@@ -105,24 +166,34 @@ def _image_inputs(config: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
     )
 
     v = config.vision_config
-    proc = Qwen2VLImageProcessorPil(patch_size=v.patch_size, temporal_patch_size=v.temporal_patch_size,
-                                    merge_size=v.spatial_merge_size, min_pixels=64 * 64,
-                                    max_pixels=256 * 256)
+    proc = Qwen2VLImageProcessorPil(
+        patch_size=v.patch_size,
+        temporal_patch_size=v.temporal_patch_size,
+        merge_size=v.spatial_merge_size,
+        min_pixels=64 * 64,
+        max_pixels=256 * 256,
+    )
     pixels = (np.random.default_rng(0).random((224, 160, 3)) * 255).astype(np.uint8)
     enc = proc(images=[Image.fromarray(pixels)], return_tensors="pt")
     n_pad = int(enc["image_grid_thw"].prod()) // v.spatial_merge_size**2
     return enc["pixel_values"], enc["image_grid_thw"], n_pad
 
 
-def run_model(kind: str, shape: dict[str, Any], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
+def run_model(
+    kind: str, shape: dict[str, Any], args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
     from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
     from relax_gym.trainer.megatron.config import MegatronConfig, dims_from_hf_config
     from relax_gym.trainer.megatron.logprobs import next_token_logprobs
     from relax_gym.trainer.megatron.model import build_gpt_model
     from relax_gym.trainer.megatron.sources import SafetensorsSource
     from relax_gym.trainer.megatron.vl import Qwen3VLMegatron
+    from transformers import (
+        AutoModelForCausalLM,
+        Qwen3Config,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
 
     is_vl = kind == "qwen3vl"
     hf_config = Qwen3VLConfig(**shape) if is_vl else Qwen3Config(**shape)
@@ -153,10 +224,16 @@ def run_model(kind: str, shape: dict[str, Any], args: argparse.Namespace, device
     if is_vl:
         pixel_values, grid, n_pad = _image_inputs(hf_config)
         text = torch.randint(0, 150000, (seq,), generator=gen).tolist()
-        ids = torch.tensor([text[:8] + [hf_config.vision_start_token_id]
-                            + [hf_config.image_token_id] * n_pad
-                            + [hf_config.vision_end_token_id] + text[8:]])
-        inputs = dict(pixel_values=pixel_values.to(device), image_grid_thw=grid.to(device))
+        ids = torch.tensor(
+            [
+                text[:8]
+                + [hf_config.vision_start_token_id]
+                + [hf_config.image_token_id] * n_pad
+                + [hf_config.vision_end_token_id]
+                + text[8:]
+            ]
+        )
+        inputs = {"pixel_values": pixel_values.to(device), "image_grid_thw": grid.to(device)}
         figures["image_tokens"] = n_pad
     else:
         ids = torch.randint(0, dims.vocab_size, (args.batch, seq), generator=gen)
@@ -194,19 +271,30 @@ def run_model(kind: str, shape: dict[str, Any], args: argparse.Namespace, device
             n_tensors += 1
             n_bytes += tensor.numel() * tensor.element_size()
     export_s = _now() - t0
-    figures.update(export_s=round(export_s, 3), export_gb_per_s=round(n_bytes / export_s / 1e9, 2),
-                   export_buckets=n_buckets, export_tensors=n_tensors,
-                   roundtrip_bit_identical=bool(identical))
+    figures.update(
+        export_s=round(export_s, 3),
+        export_gb_per_s=round(n_bytes / export_s / 1e9, 2),
+        export_buckets=n_buckets,
+        export_tensors=n_tensors,
+        roundtrip_bit_identical=bool(identical),
+    )
     extra = model.vision_hf_tensors() if is_vl else None
     t0 = _now()
-    written = save_hf_folder(gpt, dims, hf_config, tmp / "export",
-                             bucket_bytes=int(args.bucket_mb * 2**20), extra_tensors=extra)
+    written = save_hf_folder(
+        gpt,
+        dims,
+        hf_config,
+        tmp / "export",
+        bucket_bytes=int(args.bucket_mb * 2**20),
+        extra_tensors=extra,
+    )
     figures["save_hf_folder_s"] = round(_now() - t0, 3)
     dist.barrier()
     if written is not None:
         again = hf_cls.from_pretrained(str(written), dtype=torch.float32)
         figures["export_reload_identical"] = all(
-            torch.equal(v.cpu(), state[k].cpu()) for k, v in again.state_dict().items())
+            torch.equal(v.cpu(), state[k].cpu()) for k, v in again.state_dict().items()
+        )
     if torch.cuda.is_available():
         figures["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
     return figures
@@ -220,10 +308,17 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--tol", type=float, default=1e-4,
-                        help="max |logprob diff| accepted (exit 1 above it or on any mismatch)")
-    parser.add_argument("--dry-run-cpu", action="store_true",
-                        help="check this script on CPU with tiny configs (test shim; no figures)")
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=1e-4,
+        help="max |logprob diff| accepted (exit 1 above it or on any mismatch)",
+    )
+    parser.add_argument(
+        "--dry-run-cpu",
+        action="store_true",
+        help="check this script on CPU with tiny configs (test shim; no figures)",
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
 
@@ -240,7 +335,9 @@ def main() -> None:
         shim: Any = megatron_on_cpu()
     else:
         if not torch.cuda.is_available():
-            raise SystemExit("no CUDA device: this check needs a GPU (use --dry-run-cpu to test the script)")
+            raise SystemExit(
+                "no CUDA device: this check needs a GPU (use --dry-run-cpu to test the script)"
+            )
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         shapes = {"qwen3": QWEN3_06B, "qwen3vl": QWEN3VL_SMALL}
@@ -261,9 +358,11 @@ def main() -> None:
         init_model_parallel(MegatronConfig(tensor_parallel_size=args.tp))
         for kind in args.models.split(","):
             figures = run_model(kind, shapes[kind], args, device)
-            ok = (figures["roundtrip_bit_identical"]
-                  and figures["logprob_max_abs_diff"] <= args.tol
-                  and figures.get("export_reload_identical", True))
+            ok = (
+                figures["roundtrip_bit_identical"]
+                and figures["logprob_max_abs_diff"] <= args.tol
+                and figures.get("export_reload_identical", True)
+            )
             figures["pass"] = bool(ok)
             if not ok:
                 failed.append(kind)

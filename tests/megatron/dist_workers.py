@@ -30,17 +30,22 @@ def _free_port() -> int:
 
 
 def _child(
-    rank: int, world: int, port: int, check: Callable[..., Result], parallel: dict[str, int],
-    kwargs: dict[str, Any], results: Any,
+    rank: int,
+    world: int,
+    port: int,
+    check: Callable[..., Result],
+    parallel: dict[str, int],
+    kwargs: dict[str, Any],
+    results: Any,
 ) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         import torch.distributed as dist
-
         from relax_gym.trainer.megatron.config import MegatronConfig
         from relax_gym.trainer.megatron.model import destroy_model_parallel, init_model_parallel
+
         from tests.megatron.cpu_shim import megatron_on_cpu
 
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -56,16 +61,21 @@ def _child(
 
 
 def spawn(
-    check: Callable[..., Result], world_size: int, *, timeout: float = 150.0,
-    parallel: dict[str, int] | None = None, **kwargs: Any,
+    check: Callable[..., Result],
+    world_size: int,
+    *,
+    timeout: float = 150.0,
+    parallel: dict[str, int] | None = None,
+    **kwargs: Any,
 ) -> list[Result]:
     """Run ``check`` on ``world_size`` gloo ranks; return results by rank or raise."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_child,
-                    args=(r, world_size, port, check, parallel or {}, kwargs, results))
+        ctx.Process(
+            target=_child, args=(r, world_size, port, check, parallel or {}, kwargs, results)
+        )
         for r in range(world_size)
     ]
     for p in procs:
@@ -96,7 +106,9 @@ def spawn(
 # Per-rank checks (module-level so spawn can pickle them by name).
 
 
-def _hf_logprobs(hf_model: Any, ids: torch.Tensor, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _hf_logprobs(
+    hf_model: Any, ids: torch.Tensor, **inputs: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         logits = hf_model(input_ids=ids, **inputs).logits.float()
     logp = torch.log_softmax(logits, dim=-1)
@@ -105,18 +117,18 @@ def _hf_logprobs(hf_model: Any, ids: torch.Tensor, **inputs: Any) -> tuple[torch
     return token, entropy
 
 
-def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
-                from_state_dict: bool = False) -> Result:
+def qwen3_check(
+    cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int, from_state_dict: bool = False
+) -> Result:
     """Load an HF Qwen3 into Megatron; compare logprobs/entropy/grads; export and re-import."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
     from relax_gym.trainer.megatron.config import dims_from_hf_config
     from relax_gym.trainer.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
     from relax_gym.trainer.megatron.model import build_gpt_model
     from relax_gym.trainer.megatron.sources import SafetensorsSource, StateDictSource
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_config = AutoConfig.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -148,12 +160,13 @@ def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
         dist.all_gather(full, logits.contiguous(), group=ps.get_tensor_model_parallel_group())
         ref_leaf = torch.cat(full, dim=-1).requires_grad_(True)
         ref_logp = torch.log_softmax(ref_leaf[:, :-1], dim=-1)
-        ref_obj = ref_logp.gather(-1, ids[:, 1:, None]).sum() - 0.5 * (
-            ref_logp.exp() * ref_logp).sum()
+        ref_obj = (
+            ref_logp.gather(-1, ids[:, 1:, None]).sum() - 0.5 * (ref_logp.exp() * ref_logp).sum()
+        )
         ref_obj.backward()
         rank = ps.get_tensor_model_parallel_rank()
         v = logits.shape[-1]
-        ref_grad = ref_leaf.grad[..., rank * v:(rank + 1) * v]
+        ref_grad = ref_leaf.grad[..., rank * v : (rank + 1) * v]
         assert leaf.grad is not None
         out["grad_max_diff"] = float((leaf.grad - ref_grad).abs().max())
 
@@ -177,7 +190,9 @@ def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
     if written is not None:
         again = AutoModelForCausalLM.from_pretrained(str(written), dtype=torch.float32).eval()
         again_state = again.state_dict()
-        out["export_reload_identical"] = all(torch.equal(again_state[k], v) for k, v in state.items())
+        out["export_reload_identical"] = all(
+            torch.equal(again_state[k], v) for k, v in state.items()
+        )
         out["export_files"] = sorted(p.name for p in Path(written).glob("*.safetensors"))
 
     # Bad checkpoints fail loudly and name the tensor (run last: a failed load is partial).
@@ -195,39 +210,49 @@ def qwen3_check(cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int,
     return out
 
 
-def qwen3vl_check(cfg: Any, model_dir: str, image_path: str, export_dir: str,
-                  bucket_bytes: int) -> Result:
+def qwen3vl_check(
+    cfg: Any, model_dir: str, image_path: str, export_dir: str, bucket_bytes: int
+) -> Result:
     """Load an HF Qwen3-VL into Megatron + HF vision tower; compare logprobs on an image."""
     import torch.distributed as dist
     from PIL import Image
-    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
-
     from relax_gym.trainer.megatron.bridge import iter_hf_buckets, save_hf_folder
     from relax_gym.trainer.megatron.logprobs import next_token_logprobs
     from relax_gym.trainer.megatron.sources import SafetensorsSource
     from relax_gym.trainer.megatron.vl import Qwen3VLMegatron, mrope_position_ids
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     hf_config = AutoConfig.from_pretrained(model_dir)
     hf = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
     vision = hf_config.vision_config
     merge = vision.spatial_merge_size
     processor = Qwen2VLImageProcessorPil(
-        patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
-        merge_size=merge, min_pixels=32 * 32, max_pixels=128 * 128,
+        patch_size=vision.patch_size,
+        temporal_patch_size=vision.temporal_patch_size,
+        merge_size=merge,
+        min_pixels=32 * 32,
+        max_pixels=128 * 128,
     )
     enc = processor(images=[Image.open(image_path).convert("RGB")], return_tensors="pt")
     pixel_values, grid = enc["pixel_values"], enc["image_grid_thw"]
     n_pad = int(grid.prod()) // merge**2
     text_ids = torch.randint(0, 400, (13,), generator=torch.Generator().manual_seed(3)).tolist()
-    ids = torch.tensor([text_ids[:4] + [hf_config.vision_start_token_id]
-                        + [hf_config.image_token_id] * n_pad
-                        + [hf_config.vision_end_token_id] + text_ids[4:]])
+    ids = torch.tensor(
+        [
+            text_ids[:4]
+            + [hf_config.vision_start_token_id]
+            + [hf_config.image_token_id] * n_pad
+            + [hf_config.vision_end_token_id]
+            + text_ids[4:]
+        ]
+    )
     mm_types = (ids == hf_config.image_token_id).int()
-    ref_lp, ref_ent = _hf_logprobs(hf, ids, pixel_values=pixel_values, image_grid_thw=grid,
-                                   mm_token_type_ids=mm_types)
+    ref_lp, ref_ent = _hf_logprobs(
+        hf, ids, pixel_values=pixel_values, image_grid_thw=grid, mm_token_type_ids=mm_types
+    )
     hf_positions, _ = hf.model.get_rope_index(ids, mm_types, grid)
 
     model = Qwen3VLMegatron(hf_config, cfg).eval()
@@ -236,8 +261,12 @@ def qwen3vl_check(cfg: Any, model_dir: str, image_path: str, export_dir: str,
     out["positions_match_hf"] = bool(torch.equal(positions, hf_positions))
     with torch.no_grad():
         logits = model(ids, pixel_values=pixel_values, image_grid_thw=grid)
-        flat = model(ids, position_ids=torch.arange(ids.shape[1]).expand(3, 1, -1),
-                     pixel_values=pixel_values, image_grid_thw=grid)
+        flat = model(
+            ids,
+            position_ids=torch.arange(ids.shape[1]).expand(3, 1, -1),
+            pixel_values=pixel_values,
+            image_grid_thw=grid,
+        )
     lp, ent = next_token_logprobs(logits, ids, with_entropy=True)
     flat_lp, _ = next_token_logprobs(flat, ids)
     assert ent is not None
@@ -259,12 +288,23 @@ def qwen3vl_check(cfg: Any, model_dir: str, image_path: str, export_dir: str,
     skip = {"lm_head.weight"} if model.dims.tied_embeddings else set()
     out["roundtrip_identical"] = bool(identical)
     out["exported_names_match"] = sorted(seen) == sorted(set(state) - skip)
-    written = save_hf_folder(model.language_model, model.dims, hf_config, export_dir,
-                             bucket_bytes=bucket_bytes, extra_tensors=model.vision_hf_tensors())
+    written = save_hf_folder(
+        model.language_model,
+        model.dims,
+        hf_config,
+        export_dir,
+        bucket_bytes=bucket_bytes,
+        extra_tensors=model.vision_hf_tensors(),
+    )
     dist.barrier()
     if written is not None:
         again = Qwen3VLForConditionalGeneration.from_pretrained(str(written), dtype=torch.float32)
-        again_lp, _ = _hf_logprobs(again.eval(), ids, pixel_values=pixel_values,
-                                   image_grid_thw=grid, mm_token_type_ids=mm_types)
+        again_lp, _ = _hf_logprobs(
+            again.eval(),
+            ids,
+            pixel_values=pixel_values,
+            image_grid_thw=grid,
+            mm_token_type_ids=mm_types,
+        )
         out["export_reload_logprobs_equal"] = bool(torch.equal(again_lp, ref_lp))
     return out

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from relax_gym.trainer.megatron.bridge import plan_bucket_sizes
 from relax_gym.trainer.megatron.config import (
     MegatronBridgeError,
@@ -21,15 +20,27 @@ from relax_gym.trainer.megatron.config import (
 )
 from relax_gym.trainer.megatron.layout import all_maps, hf_from_shards, hf_shapes, shard_from_hf
 from relax_gym.trainer.megatron.sources import SafetensorsSource, StateDictSource
+
 from tests.megatron import tiny_models
 
 
-def _dims(heads: int = 4, kv: int = 2, hd: int = 3, hidden: int = 5, ffn: int = 8,
-          tied: bool = False) -> ModelDims:
-    return ModelDims(vocab_size=16, hidden_size=hidden, ffn_hidden_size=ffn, num_layers=1,
-                     num_heads=heads, num_kv_heads=kv, head_dim=hd, rms_norm_eps=1e-6,
-                     rope_theta=1e4, tied_embeddings=tied, max_position_embeddings=32,
-                     hf_prefix="model.")
+def _dims(
+    heads: int = 4, kv: int = 2, hd: int = 3, hidden: int = 5, ffn: int = 8, tied: bool = False
+) -> ModelDims:
+    return ModelDims(
+        vocab_size=16,
+        hidden_size=hidden,
+        ffn_hidden_size=ffn,
+        num_layers=1,
+        num_heads=heads,
+        num_kv_heads=kv,
+        head_dim=hd,
+        rms_norm_eps=1e-6,
+        rope_theta=1e4,
+        tied_embeddings=tied,
+        max_position_embeddings=32,
+        hf_prefix="model.",
+    )
 
 
 def _hf_state(dims: ModelDims) -> dict[str, torch.Tensor]:
@@ -48,19 +59,23 @@ def _hf_state(dims: ModelDims) -> dict[str, torch.Tensor]:
     return state
 
 
-def _expected_fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims) -> torch.Tensor:
+def _expected_fused_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: ModelDims
+) -> torch.Tensor:
     rows = []
     hd, hpg = dims.head_dim, dims.heads_per_group
     for g in range(dims.num_kv_heads):
         for head in range(g * hpg, (g + 1) * hpg):
-            rows.append(q[head * hd:(head + 1) * hd])
-        rows.append(k[g * hd:(g + 1) * hd])
-        rows.append(v[g * hd:(g + 1) * hd])
+            rows.append(q[head * hd : (head + 1) * hd])
+        rows.append(k[g * hd : (g + 1) * hd])
+        rows.append(v[g * hd : (g + 1) * hd])
     return torch.cat(rows)
 
 
-@pytest.mark.parametrize(("heads", "kv", "tp", "hd"), [(4, 2, 1, 3), (4, 2, 2, 3), (8, 2, 4, 3),
-                                                       (4, 1, 2, 3), (4, 4, 4, 3), (8, 2, 8, 4)])
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp", "hd"),
+    [(4, 2, 1, 3), (4, 2, 2, 3), (8, 2, 4, 3), (4, 1, 2, 3), (4, 4, 4, 3), (8, 2, 8, 4)],
+)
 def test_qkv_shards_follow_megatron_group_layout(heads: int, kv: int, tp: int, hd: int) -> None:
     dims = _dims(heads=heads, kv=kv, hd=hd)
     state = _hf_state(dims)
@@ -90,11 +105,14 @@ def test_gate_up_row_vocab_and_norm_layouts(tp: int) -> None:
     per = dims.ffn_hidden_size // tp
     for r in range(tp):
         shard = shard_from_hf(gate_up, source, dims, r, tp)
-        assert torch.equal(shard, torch.cat([gate[r * per:(r + 1) * per], up[r * per:(r + 1) * per]]))
+        assert torch.equal(
+            shard, torch.cat([gate[r * per : (r + 1) * per], up[r * per : (r + 1) * per]])
+        )
     row = by_layout["row"]
     width = state[row.hf[0]].shape[1] // tp
-    assert torch.equal(shard_from_hf(row, source, dims, tp - 1, tp),
-                       state[row.hf[0]][:, (tp - 1) * width:])
+    assert torch.equal(
+        shard_from_hf(row, source, dims, tp - 1, tp), state[row.hf[0]][:, (tp - 1) * width :]
+    )
     norm = by_layout["replicated"]
     assert torch.equal(shard_from_hf(norm, source, dims, tp - 1, tp), state[norm.hf[0]])
 
@@ -114,7 +132,12 @@ def test_safetensors_source_slices_like_the_state_dict(tmp_path: Path) -> None:
     save_file(state, str(tmp_path / "model.safetensors"))
     disk, mem = SafetensorsSource(tmp_path), StateDictSource(state)
     assert disk.shape("a") == (6, 4)
-    for rows, cols in [(None, None), (slice(2, 5), None), (None, slice(1, 3)), (slice(0, 2), slice(3, 4))]:
+    for rows, cols in [
+        (None, None),
+        (slice(2, 5), None),
+        (None, slice(1, 3)),
+        (slice(0, 2), slice(3, 4)),
+    ]:
         assert torch.equal(disk.read("a", rows, cols), mem.read("a", rows, cols))
     assert torch.equal(disk.read("b", slice(1, 3)), torch.tensor([1.0, 2.0]))
     with pytest.raises(MegatronBridgeError, match="not found"):
@@ -134,7 +157,12 @@ def test_bucket_plan_is_greedy_and_bounded() -> None:
 
 def test_config_mapping_and_clear_errors() -> None:
     dims = dims_from_hf_config(tiny_models.qwen3_config(tied=True))
-    assert (dims.num_kv_heads, dims.head_dim, dims.rope_theta, dims.tied_embeddings) == (2, 16, 1e6, True)
+    assert (dims.num_kv_heads, dims.head_dim, dims.rope_theta, dims.tied_embeddings) == (
+        2,
+        16,
+        1e6,
+        True,
+    )
     assert dims.hf_prefix == "model." and dims.mrope_section is None
     vl = dims_from_hf_config(tiny_models.qwen3vl_config())
     assert vl.hf_prefix == "model.language_model." and vl.mrope_section == (6, 5, 5)

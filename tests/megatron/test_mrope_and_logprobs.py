@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from relax_gym.trainer.megatron.config import MegatronBridgeError
 from relax_gym.trainer.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
 from relax_gym.trainer.megatron.vl import mrope_position_ids
+
 from tests.megatron import tiny_models
 
 IMG, START, END = 500, 502, 503
@@ -26,8 +26,9 @@ def test_position_ids_match_transformers_with_two_images_and_padding(hf_vl_model
     row1 = [7, START] + [IMG] * 6 + [END, 8]
     seq = max(len(row0), len(row1))
     ids = torch.tensor([row0 + [0] * (seq - len(row0)), row1 + [0] * (seq - len(row1))])
-    mask = torch.tensor([[1] * len(row0) + [0] * (seq - len(row0)),
-                         [1] * len(row1) + [0] * (seq - len(row1))])
+    mask = torch.tensor(
+        [[1] * len(row0) + [0] * (seq - len(row0)), [1] * len(row1) + [0] * (seq - len(row1))]
+    )
     ours = mrope_position_ids(ids, IMG, grids, 2, attention_mask=mask)
     ref, _ = hf_vl_model.get_rope_index(ids, (ids == IMG).int(), grids, attention_mask=mask)
     assert torch.equal(ours, ref)
@@ -55,8 +56,15 @@ def test_interleaved_frequencies_match_transformers_rotary(hf_vl_model) -> None:
     freqs = positions[..., None].float() * inv_freq
     emb = torch.cat([interleave_mrope_freqs(freqs, rotary.mrope_section)] * 2, dim=-1)
     assert torch.equal(emb.cos(), ref_cos) and torch.equal(emb.sin(), ref_sin)
-    contiguous = torch.cat([m[i % 3] for i, m in enumerate(
-        torch.cat([freqs, freqs], -1).split(list(rotary.mrope_section) * 2, dim=-1))], dim=-1)
+    contiguous = torch.cat(
+        [
+            m[i % 3]
+            for i, m in enumerate(
+                torch.cat([freqs, freqs], -1).split(list(rotary.mrope_section) * 2, dim=-1)
+            )
+        ],
+        dim=-1,
+    )
     assert not torch.equal(contiguous.cos(), ref_cos)  # Qwen2-VL layout would be wrong here
 
 

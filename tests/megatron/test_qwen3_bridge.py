@@ -18,8 +18,10 @@ TOL = 1e-5
 
 def _check_common(results: list[dict], tp: int, vocab: int, bucket_bytes: int) -> None:
     for rank, r in enumerate(results):
-        print(f"rank {rank}: logprob max diff {r['logprob_max_diff']:.3g}, entropy "
-              f"{r['entropy_max_diff']:.3g}, grad {r['grad_max_diff']:.3g}")
+        print(
+            f"rank {rank}: logprob max diff {r['logprob_max_diff']:.3g}, entropy "
+            f"{r['entropy_max_diff']:.3g}, grad {r['grad_max_diff']:.3g}"
+        )
         assert r["local_vocab"] == vocab // tp
         assert r["logprob_max_diff"] < TOL
         assert r["entropy_max_diff"] < TOL
@@ -36,8 +38,12 @@ def _check_common(results: list[dict], tp: int, vocab: int, bucket_bytes: int) -
 def test_tp1_tied_from_state_dict(tmp_path: Path) -> None:
     model_dir = tiny_models.save_model(tiny_models.qwen3_config(tied=True), tmp_path / "hf")
     results = dist_workers.spawn(
-        dist_workers.qwen3_check, 1, model_dir=str(model_dir), export_dir=str(tmp_path / "out"),
-        bucket_bytes=40_000, from_state_dict=True,
+        dist_workers.qwen3_check,
+        1,
+        model_dir=str(model_dir),
+        export_dir=str(tmp_path / "out"),
+        bucket_bytes=40_000,
+        from_state_dict=True,
     )
     _check_common(results, tp=1, vocab=256, bucket_bytes=40_000)
     assert len(results[0]["bucket_sizes"]) > 3  # streamed, not one blob
@@ -47,11 +53,16 @@ def test_tp1_tied_from_state_dict(tmp_path: Path) -> None:
 
 
 def test_tp2_untied_gqa_from_safetensors(tmp_path: Path) -> None:
-    model_dir = tiny_models.save_model(tiny_models.qwen3_config(tied=False, kv_heads=2),
-                                       tmp_path / "hf")
+    model_dir = tiny_models.save_model(
+        tiny_models.qwen3_config(tied=False, kv_heads=2), tmp_path / "hf"
+    )
     results = dist_workers.spawn(
-        dist_workers.qwen3_check, 2, parallel={"tensor_parallel_size": 2},
-        model_dir=str(model_dir), export_dir=str(tmp_path / "out"), bucket_bytes=1 << 20,
+        dist_workers.qwen3_check,
+        2,
+        parallel={"tensor_parallel_size": 2},
+        model_dir=str(model_dir),
+        export_dir=str(tmp_path / "out"),
+        bucket_bytes=1 << 20,
     )
     _check_common(results, tp=2, vocab=256, bucket_bytes=1 << 20)
 
@@ -59,11 +70,16 @@ def test_tp2_untied_gqa_from_safetensors(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tp2_more_ranks_than_kv_heads_tied(tmp_path: Path) -> None:
     """num_key_value_heads=1 < tp=2: both ranks hold halves of the single fused q/k/v group."""
-    model_dir = tiny_models.save_model(tiny_models.qwen3_config(tied=True, kv_heads=1),
-                                       tmp_path / "hf")
+    model_dir = tiny_models.save_model(
+        tiny_models.qwen3_config(tied=True, kv_heads=1), tmp_path / "hf"
+    )
     results = dist_workers.spawn(
-        dist_workers.qwen3_check, 2, parallel={"tensor_parallel_size": 2},
-        model_dir=str(model_dir), export_dir=str(tmp_path / "out"), bucket_bytes=30_000,
+        dist_workers.qwen3_check,
+        2,
+        parallel={"tensor_parallel_size": 2},
+        model_dir=str(model_dir),
+        export_dir=str(tmp_path / "out"),
+        bucket_bytes=30_000,
     )
     _check_common(results, tp=2, vocab=256, bucket_bytes=30_000)
 
@@ -71,11 +87,16 @@ def test_tp2_more_ranks_than_kv_heads_tied(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_pp2_export_and_load_roundtrip(tmp_path: Path) -> None:
     """PP=2: each stage loads its layers; the export broadcasts stage-owned tensors."""
-    model_dir = tiny_models.save_model(tiny_models.qwen3_config(tied=True, layers=4),
-                                       tmp_path / "hf")
+    model_dir = tiny_models.save_model(
+        tiny_models.qwen3_config(tied=True, layers=4), tmp_path / "hf"
+    )
     results = dist_workers.spawn(
-        dist_workers.qwen3_check, 2, parallel={"pipeline_parallel_size": 2},
-        model_dir=str(model_dir), export_dir=str(tmp_path / "out"), bucket_bytes=50_000,
+        dist_workers.qwen3_check,
+        2,
+        parallel={"pipeline_parallel_size": 2},
+        model_dir=str(model_dir),
+        export_dir=str(tmp_path / "out"),
+        bucket_bytes=50_000,
     )
     for r in results:
         assert r["roundtrip_identical"] and r["exported_names_match"] and r["no_duplicates"]

@@ -15,16 +15,22 @@ def _run(tmp_path: Path, tp: int) -> list[dict]:
     model_dir = tiny_models.save_model(tiny_models.qwen3vl_config(), tmp_path / "hf")
     image = tiny_models.save_image(tmp_path / "image.png")
     return dist_workers.spawn(
-        dist_workers.qwen3vl_check, tp, parallel={"tensor_parallel_size": tp},
-        model_dir=str(model_dir), image_path=str(image), export_dir=str(tmp_path / "out"),
+        dist_workers.qwen3vl_check,
+        tp,
+        parallel={"tensor_parallel_size": tp},
+        model_dir=str(model_dir),
+        image_path=str(image),
+        export_dir=str(tmp_path / "out"),
         bucket_bytes=200_000,
     )
 
 
 def _check(results: list[dict]) -> None:
     for rank, r in enumerate(results):
-        print(f"rank {rank}: {r['n_image_tokens']} image tokens, logprob max diff "
-              f"{r['logprob_max_diff']:.3g}, entropy {r['entropy_max_diff']:.3g}")
+        print(
+            f"rank {rank}: {r['n_image_tokens']} image tokens, logprob max diff "
+            f"{r['logprob_max_diff']:.3g}, entropy {r['entropy_max_diff']:.3g}"
+        )
         assert r["n_image_tokens"] >= 4
         assert r["positions_match_hf"]
         assert r["logprob_max_diff"] < TOL

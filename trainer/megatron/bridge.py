@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from relax_gym.trainer.megatron.config import MegatronBridgeError, ModelDims
 from relax_gym.trainer.megatron.layout import (
     ParamMap,
@@ -48,8 +47,9 @@ def local_param_maps(model: Any, dims: ModelDims) -> dict[str, ParamMap]:
     for local_idx, layer in enumerate(gpt.decoder.layers):
         global_idx = layer.layer_number - 1
         for pm in layer_maps(dims, global_idx):
-            local = pm.megatron.replace(f"decoder.layers.{global_idx}.",
-                                        f"decoder.layers.{local_idx}.", 1)
+            local = pm.megatron.replace(
+                f"decoder.layers.{global_idx}.", f"decoder.layers.{local_idx}.", 1
+            )
             maps[local] = pm
     if getattr(gpt, "post_process", False):
         maps["decoder.final_layernorm.weight"] = final_norm_map(dims)
@@ -107,7 +107,9 @@ def _export_plan(model: Any, dims: ModelDims) -> list[tuple[ParamMap, int, str |
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
     owned: list[list[str]] = [[] for _ in range(pp)]
     if pp > 1:
-        dist.all_gather_object(owned, sorted(local), group=parallel_state.get_pipeline_model_parallel_group())
+        dist.all_gather_object(
+            owned, sorted(local), group=parallel_state.get_pipeline_model_parallel_group()
+        )
     else:
         owned[0] = sorted(local)
     owner = {name: stage for stage, names in enumerate(owned) for name in names}
@@ -195,11 +197,15 @@ def iter_hf_buckets(
             else:
                 shards = [torch.empty_like(shard) for _ in range(tp)]
                 dist.all_gather(shards, shard.contiguous(), group=tp_group)
-            tensors = [(n, t.to(device=out_device, dtype=out_dtype).clone().contiguous())
-                       for n, t in hf_from_shards(pm, shards, dims)]
+            tensors = [
+                (n, t.to(device=out_device, dtype=out_dtype).clone().contiguous())
+                for n, t in hf_from_shards(pm, shards, dims)
+            ]
         else:
-            tensors = [(n, torch.empty(shape, dtype=out_dtype, device=out_device))
-                       for n, shape in hf_shapes(pm, dims)]
+            tensors = [
+                (n, torch.empty(shape, dtype=out_dtype, device=out_device))
+                for n, shape in hf_shapes(pm, dims)
+            ]
         if pp_group is not None:
             src = dist.get_global_rank(pp_group, stage)
             for _, t in tensors:
@@ -243,9 +249,8 @@ def save_hf_folder(
     first data-parallel replica: TP, PP and DP rank 0) touches the disk and gets the path back.
     ``extra_tensors`` (e.g. a vision tower's HF tensors) go into a final shard.
     """
-    from safetensors.torch import save_file
-
     from megatron.core import parallel_state
+    from safetensors.torch import save_file
 
     if write is None:
         write = (
@@ -276,16 +281,18 @@ def save_hf_folder(
             total += t.numel() * t.element_size()
 
     idx = 0
-    for bucket in iter_hf_buckets(gpt, dims, bucket_bytes=bucket_bytes, dtype=out_dtype,
-                                  device="cpu"):
+    for bucket in iter_hf_buckets(
+        gpt, dims, bucket_bytes=bucket_bytes, dtype=out_dtype, device="cpu"
+    ):
         if write:
             _write(idx, bucket)
         idx += 1
     if not write:
         return None
     if extra_tensors:
-        _write(idx, [(n, t.to(out_dtype) if t.is_floating_point() else t)
-                     for n, t in extra_tensors])
+        _write(
+            idx, [(n, t.to(out_dtype) if t.is_floating_point() else t) for n, t in extra_tensors]
+        )
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     hf_config.save_pretrained(str(out))

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-
 from relax_gym.trainer.megatron.config import MegatronBridgeError, ModelDims
 from relax_gym.trainer.megatron.sources import TensorSource
 
@@ -50,19 +49,26 @@ def layer_maps(dims: ModelDims, layer: int) -> list[ParamMap]:
         ParamMap(mg + "input_layernorm.weight", (hf + "input_layernorm.weight",), "replicated"),
         ParamMap(
             mg + "self_attention.linear_qkv.weight",
-            (hf + "self_attn.q_proj.weight", hf + "self_attn.k_proj.weight",
-             hf + "self_attn.v_proj.weight"),
+            (
+                hf + "self_attn.q_proj.weight",
+                hf + "self_attn.k_proj.weight",
+                hf + "self_attn.v_proj.weight",
+            ),
             "qkv",
         ),
         ParamMap(
-            mg + "self_attention.q_layernorm.weight", (hf + "self_attn.q_norm.weight",),
+            mg + "self_attention.q_layernorm.weight",
+            (hf + "self_attn.q_norm.weight",),
             "replicated",
         ),
         ParamMap(
-            mg + "self_attention.k_layernorm.weight", (hf + "self_attn.k_norm.weight",),
+            mg + "self_attention.k_layernorm.weight",
+            (hf + "self_attn.k_norm.weight",),
             "replicated",
         ),
-        ParamMap(mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), "row"),
+        ParamMap(
+            mg + "self_attention.linear_proj.weight", (hf + "self_attn.o_proj.weight",), "row"
+        ),
         ParamMap(
             mg + "pre_mlp_layernorm.weight", (hf + "post_attention_layernorm.weight",), "replicated"
         ),
@@ -76,20 +82,23 @@ def layer_maps(dims: ModelDims, layer: int) -> list[ParamMap]:
 
 
 def embedding_map(dims: ModelDims) -> ParamMap:
-    return ParamMap("embedding.word_embeddings.weight", (dims.hf_prefix + "embed_tokens.weight",),
-                    "vocab")
+    return ParamMap(
+        "embedding.word_embeddings.weight", (dims.hf_prefix + "embed_tokens.weight",), "vocab"
+    )
 
 
 def final_norm_map(dims: ModelDims) -> ParamMap:
-    return ParamMap("decoder.final_layernorm.weight", (dims.hf_prefix + "norm.weight",),
-                    "replicated")
+    return ParamMap(
+        "decoder.final_layernorm.weight", (dims.hf_prefix + "norm.weight",), "replicated"
+    )
 
 
 def output_map(dims: ModelDims) -> ParamMap:
     """The LM head; with tied embeddings it is read from ``embed_tokens`` and never exported."""
     if dims.tied_embeddings:
-        return ParamMap("output_layer.weight", (dims.hf_prefix + "embed_tokens.weight",), "vocab",
-                        export=False)
+        return ParamMap(
+            "output_layer.weight", (dims.hf_prefix + "embed_tokens.weight",), "vocab", export=False
+        )
     return ParamMap("output_layer.weight", ("lm_head.weight",), "vocab")
 
 
@@ -112,8 +121,11 @@ def hf_shapes(pm: ParamMap, dims: ModelDims) -> list[tuple[str, tuple[int, ...]]
     if pm.layout == "vocab":
         return [(pm.hf[0], (dims.vocab_size, h))]
     if pm.layout == "qkv":
-        return [(pm.hf[0], (dims.num_heads * hd, h)), (pm.hf[1], (dims.num_kv_heads * hd, h)),
-                (pm.hf[2], (dims.num_kv_heads * hd, h))]
+        return [
+            (pm.hf[0], (dims.num_heads * hd, h)),
+            (pm.hf[1], (dims.num_kv_heads * hd, h)),
+            (pm.hf[2], (dims.num_kv_heads * hd, h)),
+        ]
     if pm.layout == "gate_up":
         return [(pm.hf[0], (dims.ffn_hidden_size, h)), (pm.hf[1], (dims.ffn_hidden_size, h))]
     if pm.layout == "row":
@@ -128,7 +140,9 @@ def _chunk(total: int, rank: int, tp: int) -> slice:
     return slice(rank * size, (rank + 1) * size)
 
 
-def _qkv_shard(pm: ParamMap, source: TensorSource, dims: ModelDims, rank: int, tp: int) -> torch.Tensor:
+def _qkv_shard(
+    pm: ParamMap, source: TensorSource, dims: ModelDims, rank: int, tp: int
+) -> torch.Tensor:
     hd, hpg = dims.head_dim, dims.heads_per_group
     group_rows = (hpg + 2) * hd
     total = dims.num_kv_heads * group_rows
@@ -141,7 +155,7 @@ def _qkv_shard(pm: ParamMap, source: TensorSource, dims: ModelDims, rank: int, t
     fused = torch.cat(
         [q.view(n, hpg * hd, -1), k.view(n, hd, -1), v.view(n, hd, -1)], dim=1
     ).reshape(n * group_rows, -1)
-    return fused[start - g0 * group_rows: stop - g0 * group_rows].contiguous()
+    return fused[start - g0 * group_rows : stop - g0 * group_rows].contiguous()
 
 
 def shard_from_hf(
@@ -157,8 +171,8 @@ def shard_from_hf(
         cols = source.shape(pm.hf[0])[1]
         return source.read(pm.hf[0], cols=_chunk(cols, rank, tp))
     if pm.layout == "gate_up":
-        rows = _chunk(dims.ffn_hidden_size, rank, tp)
-        return torch.cat([source.read(pm.hf[0], rows=rows), source.read(pm.hf[1], rows=rows)])
+        own = _chunk(dims.ffn_hidden_size, rank, tp)
+        return torch.cat([source.read(pm.hf[0], rows=own), source.read(pm.hf[1], rows=own)])
     if pm.layout == "qkv":
         return _qkv_shard(pm, source, dims, rank, tp)
     raise MegatronBridgeError(f"unknown layout {pm.layout!r}")
@@ -183,8 +197,11 @@ def hf_from_shards(
         hd, hpg = dims.head_dim, dims.heads_per_group
         fused = torch.cat(shards, dim=0)
         grouped = fused.view(dims.num_kv_heads, (hpg + 2) * hd, -1)
-        q, k, v = grouped.split([hpg * hd, hd, hd], dim=1)
+        q, k, v = torch.split(grouped, [hpg * hd, hd, hd], dim=1)
         width = fused.shape[-1]
-        return [(pm.hf[0], q.reshape(-1, width)), (pm.hf[1], k.reshape(-1, width)),
-                (pm.hf[2], v.reshape(-1, width))]
+        return [
+            (pm.hf[0], q.reshape(-1, width)),
+            (pm.hf[1], k.reshape(-1, width)),
+            (pm.hf[2], v.reshape(-1, width)),
+        ]
     raise MegatronBridgeError(f"unknown layout {pm.layout!r}")

@@ -49,7 +49,8 @@ def vocab_parallel_logprobs(
     def reduce(t: torch.Tensor) -> torch.Tensor:
         if tp == 1:
             return t
-        return reduce_from_tensor_model_parallel_region(t.contiguous(), group=group)
+        summed: torch.Tensor = reduce_from_tensor_model_parallel_region(t.contiguous(), group=group)
+        return summed
 
     z = logits.float()
     if temperature != 1.0:
@@ -88,6 +89,9 @@ def next_token_logprobs(
     Position ``t`` of the result scores ``input_ids[:, t + 1]`` given the prefix up to ``t``.
     """
     return vocab_parallel_logprobs(
-        logits[:, :-1], input_ids[:, 1:], with_entropy=with_entropy,
-        temperature=temperature, tp_group=tp_group,
+        logits[:, :-1],
+        input_ids[:, 1:],
+        with_entropy=with_entropy,
+        temperature=temperature,
+        tp_group=tp_group,
     )

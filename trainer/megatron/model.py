@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from relax_gym.trainer.megatron.config import (
     MegatronBridgeError,
     MegatronConfig,
@@ -74,7 +73,7 @@ def build_gpt_model(dims: ModelDims, cfg: MegatronConfig) -> Any:
         parallel_output=True,
         share_embeddings_and_output_weights=dims.tied_embeddings,
         position_embedding_type="mrope" if dims.mrope_section else "rope",
-        rotary_base=dims.rope_theta,  # type: ignore[arg-type]  # HF thetas are floats
+        rotary_base=dims.rope_theta,  # HF thetas are floats; Megatron only uses it in a pow
     )
     if dims.mrope_section:
         from relax_gym.trainer.megatron.rope import InterleavedMRotaryEmbedding

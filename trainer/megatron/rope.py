@@ -27,11 +27,11 @@ def interleave_mrope_freqs(freqs: torch.Tensor, mrope_section: Sequence[int]) ->
     return out
 
 
-class InterleavedMRotaryEmbedding(MultimodalRotaryEmbedding):
+class InterleavedMRotaryEmbedding(MultimodalRotaryEmbedding):  # type: ignore[misc]
     """``MultimodalRotaryEmbedding`` with Qwen3-VL's interleaved t/h/w frequency layout."""
 
     def __init__(self, kv_channels: int, rotary_base: float) -> None:
-        super().__init__(kv_channels=kv_channels, rotary_percent=1.0, rotary_base=rotary_base)  # type: ignore[arg-type]
+        super().__init__(kv_channels=kv_channels, rotary_percent=1.0, rotary_base=rotary_base)
 
     def forward(
         self,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-
 from relax_gym.trainer.megatron.config import MegatronBridgeError
 
 
@@ -76,7 +75,7 @@ class SafetensorsSource:
         elif single.is_file():
             weight_map = {}
             with safe_open(str(single), framework="pt") as f:
-                weight_map = {k: single.name for k in f.keys()}
+                weight_map = {k: single.name for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
         else:
             raise MegatronBridgeError(f"{self.folder} holds no model.safetensors(.index.json)")
         self._weight_map = weight_map
@@ -105,10 +104,12 @@ class SafetensorsSource:
         sl = self._file(name).get_slice(name)
         ndim = len(sl.get_shape())
         if rows is None and cols is None:
-            return self._file(name).get_tensor(name).contiguous()
+            whole: torch.Tensor = self._file(name).get_tensor(name)
+            return whole.contiguous()
         index: tuple[slice, ...] = (rows or slice(None),)
         if cols is not None:
             if ndim < 2:
                 raise MegatronBridgeError(f"{name!r} is 1-D; it has no columns to slice")
             index = index + (cols,)
-        return sl[index].contiguous()
+        part: torch.Tensor = sl[index]
+        return part.contiguous()

@@ -21,9 +21,12 @@ import itertools
 from typing import Any
 
 import torch
-
 from relax_gym.trainer.megatron.bridge import Bucket
-from relax_gym.trainer.megatron.config import MegatronBridgeError, MegatronConfig, dims_from_hf_config
+from relax_gym.trainer.megatron.config import (
+    MegatronBridgeError,
+    MegatronConfig,
+    dims_from_hf_config,
+)
 from relax_gym.trainer.megatron.model import build_gpt_model
 from relax_gym.trainer.megatron.sources import TensorSource
 
@@ -48,8 +51,11 @@ def mrope_position_ids(
     positions = torch.zeros(3, batch, seq, dtype=torch.long, device=input_ids.device)
     grids = iter(image_grid_thw.tolist()) if image_grid_thw is not None else iter(())
     for b in range(batch):
-        valid = (attention_mask[b].bool() if attention_mask is not None
-                 else torch.ones(seq, dtype=torch.bool, device=input_ids.device))
+        valid = (
+            attention_mask[b].bool()
+            if attention_mask is not None
+            else torch.ones(seq, dtype=torch.bool, device=input_ids.device)
+        )
         is_image = (input_ids[b][valid] == image_token_id).tolist()
         pieces: list[torch.Tensor] = []
         current = 0
@@ -62,15 +68,18 @@ def mrope_position_ids(
             try:
                 t, h, w = next(grids)
             except StopIteration:
-                raise MegatronBridgeError("more image runs in input_ids than image_grid_thw rows") from None
+                raise MegatronBridgeError(
+                    "more image runs in input_ids than image_grid_thw rows"
+                ) from None
             gh, gw = h // spatial_merge_size, w // spatial_merge_size
             if t * gh * gw != length:
                 raise MegatronBridgeError(
                     f"an image run has {length} <|image_pad|> tokens but its grid {t}x{h}x{w} "
                     f"needs {t * gh * gw} (= t*h*w / merge_size**2)"
                 )
-            tt, hh, ww = torch.meshgrid(torch.arange(t), torch.arange(gh), torch.arange(gw),
-                                        indexing="ij")
+            tt, hh, ww = torch.meshgrid(
+                torch.arange(t), torch.arange(gh), torch.arange(gw), indexing="ij"
+            )
             pieces.append(torch.stack([tt, hh, ww]).reshape(3, -1) + current)
             current += max(gh, gw)
         if pieces:
@@ -97,7 +106,7 @@ class Qwen3VLMegatron(torch.nn.Module):
         self.pre_process = parallel_state.is_pipeline_first_stage()
         self.visual = None
         if self.pre_process:
-            self.visual = Qwen3VLVisionModel._from_config(
+            self.visual = Qwen3VLVisionModel._from_config(  # type: ignore[no-untyped-call]
                 hf_config.vision_config, dtype=cfg.torch_dtype
             )
             if torch.cuda.is_available():
@@ -143,7 +152,10 @@ class Qwen3VLMegatron(torch.nn.Module):
             raise MegatronBridgeError("video inputs are not supported by the Megatron Qwen3-VL yet")
         if position_ids is None:
             position_ids = mrope_position_ids(
-                input_ids, self.image_token_id, image_grid_thw, self.spatial_merge_size,
+                input_ids,
+                self.image_token_id,
+                image_grid_thw,
+                self.spatial_merge_size,
                 attention_mask,
             )
         decoder_input = None
@@ -151,24 +163,30 @@ class Qwen3VLMegatron(torch.nn.Module):
         if self.pre_process:
             decoder_input = self.language_model.embedding(input_ids=input_ids, position_ids=None)
             if pixel_values is not None:
-                decoder_input = self._merge_images(input_ids, decoder_input, pixel_values,
-                                                   image_grid_thw)
+                decoder_input = self._merge_images(
+                    input_ids, decoder_input, pixel_values, image_grid_thw
+                )
         try:
-            return self.language_model(
+            logits: torch.Tensor = self.language_model(
                 input_ids, position_ids, None, decoder_input=decoder_input
             )
+            return logits
         finally:
             self._deepstack = None
 
     def _merge_images(
-        self, input_ids: torch.Tensor, embeds: torch.Tensor, pixel_values: torch.Tensor,
+        self,
+        input_ids: torch.Tensor,
+        embeds: torch.Tensor,
+        pixel_values: torch.Tensor,
         image_grid_thw: torch.Tensor | None,
     ) -> torch.Tensor:
         assert self.visual is not None
         if image_grid_thw is None:
             raise MegatronBridgeError("pixel_values need image_grid_thw")
-        out = self.visual(pixel_values.to(self.visual.dtype), grid_thw=image_grid_thw,
-                          return_dict=True)
+        out = self.visual(
+            pixel_values.to(self.visual.dtype), grid_thw=image_grid_thw, return_dict=True
+        )
         image_embeds = out.pooler_output
         mask = input_ids == self.image_token_id  # [b, s]
         if int(mask.sum()) != image_embeds.shape[0]:
@@ -204,4 +222,6 @@ class Qwen3VLMegatron(torch.nn.Module):
         """The vision tower's parameters under their HF names (first stage only)."""
         if self.visual is None:
             return []
-        return [(VISION_PREFIX + n, t.detach().clone()) for n, t in self.visual.state_dict().items()]
+        return [
+            (VISION_PREFIX + n, t.detach().clone()) for n, t in self.visual.state_dict().items()
+        ]
