@@ -1,0 +1,192 @@
+"""``POST /v1/chat/completions`` on the embedded engine, as SGLang and vLLM serve it.
+
+Messages (text, ``image_url`` parts as data URLs or base64) and ``tools`` are rendered with the
+model's chat template, generated through the same engine as ``/generate``, and the reply's
+``<tool_call>`` blocks come back as structured ``message.tool_calls``. ``logprobs`` /
+``top_logprobs`` follow OpenAI's shape. SGLang's extra request fields ``top_k``, ``min_p``,
+``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``chat_template_kwargs`` (e.g.
+``{"enable_thinking": false}``) and ``separate_reasoning`` are honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+
+from relax_gym.protocol import ChatCompletionRequest, GenerateRequest, SamplingParams
+
+from .prepare import BadRequest
+from .server import EngineService, HTTPError
+from .tool_calls import parse_tool_calls, strip_tool_calls, to_openai
+
+_IMAGE_PARTS = ("image_url", "image")
+_UNSUPPORTED_PARTS = ("input_audio", "audio", "audio_url", "video_url", "video")
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def _image_source(part: dict[str, Any], where: str) -> str:
+    value = part.get(part["type"])
+    if isinstance(value, dict):
+        value = value.get("url")
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{where}: image part without a url / base64 payload")
+    return value
+
+
+def normalize_messages(messages: list[dict[str, Any]], *, vision: bool) -> tuple[list[dict[str, Any]], list[str]]:
+    """Messages the chat template can render, and the image sources in prompt order."""
+    out: list[dict[str, Any]] = []
+    images: list[str] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool"):
+            raise BadRequest(f"messages[{i}]: expected an object with role system/user/assistant/tool")
+        content = msg.get("content")
+        item = dict(msg)
+        if content is None or isinstance(content, str):
+            item["content"] = content or ""
+        elif isinstance(content, list):
+            parts: list[dict[str, Any]] = []
+            for j, part in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    parts.append({"type": "text", "text": str(part.get("text", ""))})
+                elif kind in _IMAGE_PARTS:
+                    if not vision:
+                        raise BadRequest(f"{where}: the served model has no vision encoder; send text only")
+                    images.append(_image_source(part, where))
+                    parts.append({"type": "image"})
+                elif kind in _UNSUPPORTED_PARTS:
+                    raise BadRequest(f"{where}: {kind} input is not supported by the embedded engine")
+                else:
+                    raise BadRequest(f"{where}: unknown content part type {kind!r}")
+            if vision:
+                item["content"] = parts
+            else:
+                item["content"] = "".join(p["text"] for p in parts)
+        else:
+            raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+        out.append(item)
+    if not out:
+        raise BadRequest("messages is empty")
+    return out, images
+
+
+def _sampling(req: ChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
+    extra = req.model_extra or {}
+    max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+    return SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=int(extra.get("top_k", -1)),
+        min_p=float(extra.get("min_p", 0.0)),
+        stop=req.stop,
+        stop_token_ids=extra.get("stop_token_ids"),
+        ignore_eos=bool(extra.get("ignore_eos", False)),
+        skip_special_tokens=bool(extra.get("skip_special_tokens", True)),
+        **{k: extra[k] for k in ("frequency_penalty", "presence_penalty", "repetition_penalty") if k in extra},
+    )
+
+
+def _split_reasoning(text: str) -> tuple[str | None, str]:
+    """Qwen3 style: ``<think>...</think>`` (the opening tag may sit in the prompt)."""
+    if "</think>" not in text:
+        return None, text
+    head, _, tail = text.partition("</think>")
+    return head.replace("<think>", "").strip(), tail.lstrip("\n")
+
+
+def _logprob_entry(tokenizer: Any, token_id: int, logprob: float, top: list[list[Any]] | None) -> dict[str, Any]:
+    piece = tokenizer.decode([token_id])
+    entry: dict[str, Any] = {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+    if top is not None:
+        entry["top_logprobs"] = [
+            {"token": (p := tokenizer.decode([int(t[1])])), "logprob": t[0], "bytes": list(p.encode("utf-8"))}
+            for t in top
+        ]
+    return entry
+
+
+async def chat_completions(service: EngineService, request: Request) -> dict[str, Any]:
+    req: ChatCompletionRequest = await service.parse(request, ChatCompletionRequest)
+    if req.stream:
+        raise HTTPError(400, "stream=true is not supported by the embedded engine")
+    if not 1 <= req.n <= 16:
+        raise HTTPError(400, "n must be between 1 and 16")
+    runner = service.runner
+    extra = req.model_extra or {}
+    messages, images = normalize_messages(req.messages, vision=runner.is_vision)
+    tools = req.tools if req.tools and req.tool_choice != "none" else None
+    template_kwargs = extra.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, dict):
+        raise BadRequest("chat_template_kwargs must be an object")
+
+    def render() -> list[int]:
+        try:
+            text = runner.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                        tokenize=False, **template_kwargs)
+        except Exception as exc:  # noqa: BLE001 -- template errors are the caller's input
+            raise BadRequest(f"cannot render the messages with the chat template: {exc}") from None
+        return list(runner.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    ids = await run_in_threadpool(render)
+    try:
+        sampling = _sampling(req, service.config.default_max_tokens)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise BadRequest(f"invalid sampling parameters: {exc}") from None
+    top_n = int(req.top_logprobs or 0) if req.logprobs else 0
+    gen_reqs = []
+    for k in range(req.n):
+        params = sampling.model_copy(update={"sampling_seed": None if req.seed is None else req.seed + k})
+        gen_reqs.append(GenerateRequest(input_ids=ids, image_data=images or None, sampling_params=params,
+                                        return_logprob=bool(req.logprobs), top_logprobs_num=top_n))
+    prepared = await service.prepare(gen_reqs[0])
+    results = await asyncio.gather(*(service.submit(g, prepared, request) for g in gen_reqs))
+
+    separate = bool(extra.get("separate_reasoning", service.config.reasoning_parser == "qwen3"))
+    choices = []
+    prompt_tokens = completion_tokens = 0
+    for index, res in enumerate(results):
+        meta = res["meta_info"]
+        prompt_tokens = meta["prompt_tokens"]
+        completion_tokens += meta["completion_tokens"]
+        text: str = res["text"]
+        reasoning = None
+        if separate:
+            reasoning, text = _split_reasoning(text)
+        message: dict[str, Any] = {"role": "assistant", "content": text, "reasoning_content": reasoning}
+        finish = _FINISH.get(meta["finish_reason"]["type"], "stop")
+        if tools:
+            calls, _parser = parse_tool_calls(text)
+            if calls:
+                message["tool_calls"] = to_openai(calls)
+                message["content"] = strip_tool_calls(text) or None
+                finish = "tool_calls" if finish == "stop" else finish
+        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
+                                  "matched_stop": meta["finish_reason"].get("matched")}
+        if req.logprobs:
+            tops = meta.get("output_top_logprobs") or [None] * len(res["output_ids"])
+            choice["logprobs"] = {"content": [
+                _logprob_entry(runner.tokenizer, int(t[1]), float(t[0]), top)
+                for t, top in zip(meta["output_token_logprobs"], tops, strict=True)
+            ]}
+        choices.append(choice)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": service.config.served_model_name,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+        "metadata": {"weight_version": service.engine.weight_version},
+    }
+
+
+__all__ = ["chat_completions", "normalize_messages"]

@@ -1,0 +1,359 @@
+"""The embedded engine's HTTP server: SGLang's native routes plus OpenAI chat completions.
+
+Routes (bodies are the typed models of :mod:`relax_gym.protocol`, parsed with them here too):
+
+=====================================  ==========================================================
+``GET  /health``                       200 while the engine thread runs (never needs a token)
+``GET  /get_model_info``               model path, weight version, vision support
+``GET  /get_server_info``              load and counters (running/waiting, busy seconds...)
+``POST /generate``                     SGLang ``/generate`` (``input_ids`` or ``text``, images)
+``POST /v1/chat/completions``          OpenAI chat completions (images, tools, logprobs)
+``GET  /v1/models``                    the served model, OpenAI style
+``POST /abort_request``                control: abort one ``rid`` or all
+``POST /pause_generation``             control: ``abort`` / ``retract`` / ``in_place``
+``POST /continue_generation``          control
+``POST /flush_cache``                  control: drop cached prefixes (refused while busy)
+``POST /update_weights_from_disk``     control: reload weights from a HF folder
+``POST /update_weights_from_tensor``   control: safetensors blobs in the body (see weights.py)
+``POST /init_weights_update_group``    control: join the trainer's gloo group
+``POST /update_weights_from_distributed``  control: receive broadcast tensors
+``POST /destroy_weights_update_group`` control
+=====================================  ==========================================================
+
+With an API key, control routes need ``Authorization: Bearer <key>`` (401 otherwise); with
+``protect_generation`` the generation and info routes need it too. Bad input gets a 4xx with
+``{"error": {"message", "type", "code"}}`` and is counted; the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from relax_gym.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    InitWeightsUpdateGroupRequest,
+    PauseGenerationRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
+)
+
+from .engine import EngineCore, make_sequence
+from .prepare import BadRequest, PreparedPrompt, prepare_prompt, resolve_sampling
+from .runner import WeightUpdateError
+from .weights import (
+    UpdateWeightsFromTensorRequest,
+    WeightReceiver,
+    WeightTransportError,
+    decode_named_tensors,
+    validate_distributed_request,
+)
+
+log = logging.getLogger("relax_gym.engine.server")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class ServerConfig:
+    """HTTP-level settings of the embedded engine."""
+
+    model_path: str
+    served_model_name: str = "default"
+    api_key: str | None = None
+    protect_generation: bool = False  # also require the key on generation and info routes
+    allow_media_paths: bool = False  # let image_data name local files (off: base64/data URLs only)
+    max_queued_requests: int = 4096  # 503 beyond this many requests in flight
+    max_request_bytes: int = 1 << 30
+    default_max_tokens: int = 512  # chat completions without max_tokens
+    max_new_tokens_cap: int | None = None
+    reasoning_parser: str | None = None  # "qwen3": split <think> into reasoning_content
+    disconnect_poll_s: float = 0.25
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def error_response(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"object": "error", "error": {"message": message, "type": kind, "code": status}},
+                        status_code=status)
+
+
+class EngineService:
+    """The HTTP-facing side of one :class:`EngineCore`: parse, prepare, submit, await."""
+
+    def __init__(self, engine: EngineCore, config: ServerConfig, receiver: WeightReceiver | None = None) -> None:
+        self.engine = engine
+        self.config = config
+        self.receiver = receiver or WeightReceiver()
+        self.in_flight = 0
+        self.unauthorized = 0
+
+    @property
+    def runner(self) -> Any:
+        return self.engine.runner
+
+    # -- helpers ------------------------------------------------------------------------------
+    async def read_json(self, request: Request) -> Any:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.config.max_request_bytes:
+            raise HTTPError(413, f"request body of {length} bytes exceeds {self.config.max_request_bytes}",
+                            "PayloadTooLarge")
+        body = await request.body()
+        if not body:
+            return {}
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"malformed JSON body: {exc}") from None
+
+    async def parse(self, request: Request, model: type[BaseModel]) -> Any:
+        data = await self.read_json(request)
+        if not isinstance(data, dict):
+            raise HTTPError(400, f"expected a JSON object, got {type(data).__name__}")
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<body>'}: {e['msg']}" for e in exc.errors()[:8])
+            raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
+
+    def check_auth(self, request: Request) -> None:
+        key = self.config.api_key
+        if not key:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            self.unauthorized += 1
+            raise HTTPError(401, "missing or wrong API key (send Authorization: Bearer <key>)", "AuthenticationError")
+
+    # -- generation ---------------------------------------------------------------------------
+    async def prepare(self, req: GenerateRequest) -> PreparedPrompt:
+        return await run_in_threadpool(prepare_prompt, req, self.runner,
+                                       allow_media_paths=self.config.allow_media_paths)
+
+    async def submit(self, req: GenerateRequest, prepared: PreparedPrompt, request: Request | None) -> dict[str, Any]:
+        """Run one prepared request through the engine and return SGLang's reply dict."""
+        if self.in_flight >= self.config.max_queued_requests:
+            raise HTTPError(503, f"engine is full ({self.in_flight} requests in flight)", "ServiceUnavailable")
+        spec = resolve_sampling(req.sampling_params, self.runner, max_new_tokens_cap=self.config.max_new_tokens_cap)
+        if not 0 <= req.top_logprobs_num <= 20:
+            raise BadRequest("top_logprobs_num must be between 0 and 20")
+        rid = req.rid or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(result: Any) -> None:
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+
+        seq = make_sequence(
+            self.engine, rid=rid, prompt_ids=prepared.input_ids, spec=spec, deliver=deliver,
+            vision=prepared.vision, seed=req.sampling_params.sampling_seed,
+            return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num,
+        )
+        self.in_flight += 1
+        try:
+            self.engine.submit(seq)
+            result = await self._wait(fut, rid, request)
+        finally:
+            self.in_flight -= 1
+        if isinstance(result, ValueError):
+            raise HTTPError(400, str(result))
+        if isinstance(result, BaseException):
+            raise HTTPError(500, str(result), "InternalServerError")
+        return result
+
+    async def _wait(self, fut: asyncio.Future[Any], rid: str, request: Request | None) -> Any:
+        """Await the result; abort the request if the client goes away (as SGLang does)."""
+        while True:
+            done, _ = await asyncio.wait({fut}, timeout=self.config.disconnect_poll_s)
+            if done:
+                return fut.result()
+            if request is not None and await request.is_disconnected():
+                self.engine.abort(rid, "client disconnected")
+                return await fut
+
+    async def generate(self, request: Request) -> Response:
+        req = await self.parse(request, GenerateRequest)
+        prepared = await self.prepare(req)
+        return JSONResponse(await self.submit(req, prepared, request))
+
+
+def _route(service: EngineService, fn: Callable[[Request], Awaitable[Response]], *, control: bool) -> Handler:
+    async def handler(request: Request) -> Response:
+        try:
+            if control or service.config.protect_generation:
+                service.check_auth(request)
+            return await fn(request)
+        except HTTPError as exc:
+            if exc.status < 500 and exc.status != 401:
+                service.engine.stats.bad_requests += 1
+            return error_response(exc.status, exc.message, exc.kind)
+        except (BadRequest, WeightTransportError) as exc:
+            service.engine.stats.bad_requests += 1
+            return error_response(400, str(exc), "BadRequestError")
+        except Exception as exc:  # noqa: BLE001 -- report, keep serving
+            log.exception("unhandled error on %s", request.url.path)
+            return error_response(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
+
+    return handler
+
+
+def build_app(service: EngineService) -> Starlette:
+    """The Starlette app for ``service`` (its engine must be started separately)."""
+    from .chat import chat_completions
+
+    engine = service.engine
+    runner = engine.runner
+    cfg = service.config
+
+    async def health(request: Request) -> Response:
+        if not engine.alive:
+            return error_response(503, "engine thread is not running", "ServiceUnavailable")
+        return Response(status_code=200)
+
+    async def model_info(request: Request) -> Response:
+        return JSONResponse({
+            "model_path": cfg.model_path, "tokenizer_path": cfg.model_path, "is_generation": True,
+            "weight_version": engine.weight_version, "served_model_name": cfg.served_model_name,
+            "has_image_understanding": runner.is_vision, "max_context_length": runner.max_context,
+            "vocab_size": runner.vocab_size,
+        })
+
+    async def server_info(request: Request) -> Response:
+        return JSONResponse({**engine.snapshot(), "in_flight_http": service.in_flight,
+                             "unauthorized_requests": service.unauthorized,
+                             "weight_update_groups": service.receiver.group_names,
+                             "logprob_mode": engine.logprob_mode})
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": cfg.served_model_name, "object": "model", "created": int(engine.stats.started),
+             "owned_by": "relax-gym", "root": cfg.model_path}]})
+
+    async def chat(request: Request) -> Response:
+        return JSONResponse(await chat_completions(service, request))
+
+    async def abort(request: Request) -> Response:
+        req = await service.parse(request, AbortRequest)
+        if req.abort_all or not req.rid:
+            engine.abort(None, "aborted by abort_request")
+        else:
+            engine.abort(req.rid, "aborted by abort_request")
+        return JSONResponse({"success": True})
+
+    async def pause(request: Request) -> Response:
+        req = await service.parse(request, PauseGenerationRequest)
+        held = await asyncio.wrap_future(engine.run_job(lambda: engine.pause(req.mode)))
+        return JSONResponse({"success": True, "message": f"paused ({req.mode})", "num_paused_requests": held})
+
+    async def resume(request: Request) -> Response:
+        await service.read_json(request)
+        await asyncio.wrap_future(engine.run_job(engine.resume))
+        return JSONResponse({"success": True, "message": "generation continues"})
+
+    async def flush(request: Request) -> Response:
+        ok = await asyncio.wrap_future(engine.run_job(engine.flush_cache))
+        if not ok:
+            return error_response(400, "cache not flushed: requests are running or waiting", "BadRequestError")
+        return JSONResponse({"success": True, "message": "cache flushed"})
+
+    async def _update(load: Callable[[], int], version: str | None, abort_all: bool) -> Response:
+        def job() -> dict[str, Any]:
+            start = time.perf_counter()
+            count = load()
+            engine.after_weight_update(version)
+            return {"success": True, "num_paused_requests": engine.held_count(),
+                    "message": f"loaded {count} tensors in {time.perf_counter() - start:.3f} s; "
+                               f"weight_version={engine.weight_version}"}
+
+        try:
+            result = await asyncio.wrap_future(engine.run_job(job, quiet=True, abort_all=abort_all))
+        except (WeightUpdateError, WeightTransportError) as exc:
+            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": engine.held_count()},
+                                status_code=400)
+        return JSONResponse(result)
+
+    async def update_from_disk(request: Request) -> Response:
+        req = await service.parse(request, UpdateWeightsFromDiskRequest)
+        return await _update(lambda: runner.load_from_disk(req.model_path), req.weight_version, req.abort_all_requests)
+
+    async def update_from_tensor(request: Request) -> Response:
+        req = await service.parse(request, UpdateWeightsFromTensorRequest)
+        if req.load_format not in (None, "safetensors"):
+            raise HTTPError(400, f"load_format {req.load_format!r} is not accepted: the embedded engine takes "
+                                 "base64 safetensors blobs (load_format='safetensors'), never pickles")
+        named = await run_in_threadpool(lambda: [nt for item in req.serialized_named_tensors
+                                                 for nt in decode_named_tensors(item)])
+        return await _update(lambda: runner.load_named_tensors(named), req.weight_version, req.abort_all_requests)
+
+    async def init_group(request: Request) -> Response:
+        req = await service.parse(request, InitWeightsUpdateGroupRequest)
+        try:
+            await run_in_threadpool(service.receiver.init_group, req)
+        except WeightTransportError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
+        except (RuntimeError, OSError) as exc:  # rendezvous failed or timed out
+            return JSONResponse({"success": False, "message": f"joining the group failed: {exc}"}, status_code=500)
+        return JSONResponse({"success": True, "message": f"joined {req.group_name} as rank {req.rank_offset}"})
+
+    async def update_distributed(request: Request) -> Response:
+        req = await service.parse(request, UpdateWeightsFromDistributedRequest)
+        validate_distributed_request(req)
+
+        def load() -> int:
+            return runner.load_named_tensors(service.receiver.receive(req))
+
+        return await _update(load, req.weight_version, req.abort_all_requests)
+
+    async def destroy_group(request: Request) -> Response:
+        data = await service.read_json(request)
+        name = (data or {}).get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
+        ok = service.receiver.destroy_group(str(name))
+        return JSONResponse({"success": ok, "message": "destroyed" if ok else f"no group {name!r}"})
+
+    def r(path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str], *, control: bool) -> Route:
+        return Route(path, _route(service, fn, control=control), methods=methods)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        r("/get_model_info", model_info, ["GET"], control=False),
+        r("/get_server_info", server_info, ["GET"], control=False),
+        r("/generate", service.generate, ["POST"], control=False),
+        r("/v1/chat/completions", chat, ["POST"], control=False),
+        r("/v1/models", models, ["GET"], control=False),
+        r("/abort_request", abort, ["POST"], control=True),
+        r("/pause_generation", pause, ["POST"], control=True),
+        r("/continue_generation", resume, ["POST"], control=True),
+        r("/flush_cache", flush, ["POST", "GET"], control=True),
+        r("/update_weights_from_disk", update_from_disk, ["POST"], control=True),
+        r("/update_weights_from_tensor", update_from_tensor, ["POST"], control=True),
+        r("/init_weights_update_group", init_group, ["POST"], control=True),
+        r("/update_weights_from_distributed", update_distributed, ["POST"], control=True),
+        r("/destroy_weights_update_group", destroy_group, ["POST"], control=True),
+    ]
+    return Starlette(routes=routes)
+
+
+__all__ = ["EngineService", "HTTPError", "ServerConfig", "build_app", "error_response"]

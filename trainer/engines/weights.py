@@ -1,0 +1,330 @@
+"""Weight transport between a trainer and engines: in-memory tensors and a gloo broadcast group.
+
+Two paths besides ``/update_weights_from_disk``:
+
+* **In memory** (``POST /update_weights_from_tensor``, for a trainer on the same host): SGLang's
+  request shape (``serialized_named_tensors``, ``load_format``, ``flush_cache``,
+  ``abort_all_requests``, ``weight_version``), but each item is the base64 text of a
+  *safetensors* blob holding some named tensors, and ``load_format`` must be ``"safetensors"``.
+  SGLang's own items are pickles carrying CUDA IPC handles; unpickling request bodies would let a
+  caller run code, so the embedded engine refuses them.
+* **Distributed** (``/init_weights_update_group`` + ``/update_weights_from_distributed``): the
+  trainer is rank 0 of a dedicated process group and broadcasts each tensor, in the order the
+  request lists them, to every engine rank. The group is built directly on a ``TCPStore`` (no
+  default process group is touched on either side), so a trainer that already runs its own
+  ``torch.distributed`` world can still open it. The embedded engine joins over gloo;
+  :class:`WeightBroadcaster` is the sender side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime as _dt
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+
+from relax_gym.errors import RelaxGymError
+from relax_gym.protocol import (
+    EngineClient,
+    EngineError,
+    InitWeightsUpdateGroupRequest,
+    UpdateWeightsFromDistributedRequest,
+    UpdateWeightsResponse,
+)
+
+NamedTensors = list[tuple[str, torch.Tensor]]
+
+
+class WeightTransportError(RelaxGymError, ValueError):
+    """A weight payload or group request is malformed or cannot be served."""
+
+
+class UpdateWeightsFromTensorRequest(BaseModel):
+    """``POST /update_weights_from_tensor`` (SGLang's fields; safetensors items, see module doc)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    serialized_named_tensors: list[str] = Field(min_length=1)
+    load_format: str | None = "safetensors"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+# ------------------------------------------------------------------------------------------------
+# safetensors items
+# ------------------------------------------------------------------------------------------------
+def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """Base64 text of one safetensors blob holding ``named`` (moved to CPU, made contiguous)."""
+    from safetensors.torch import save
+
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named}
+    return base64.b64encode(save(tensors)).decode("ascii")
+
+
+def decode_named_tensors(item: str) -> NamedTensors:
+    """Inverse of :func:`encode_named_tensors`; raises WeightTransportError on bad input."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        blob = base64.b64decode(item, validate=True)
+    except (binascii.Error, ValueError):
+        raise WeightTransportError("serialized_named_tensors item is not valid base64") from None
+    try:
+        return list(load(blob).items())
+    except (SafetensorError, ValueError, RuntimeError) as exc:
+        raise WeightTransportError(f"serialized_named_tensors item is not a safetensors blob: {exc}") from None
+
+
+def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
+    """Group tensors into lists of about ``bucket_bytes`` (a tensor larger than that goes alone)."""
+    bucket: NamedTensors = []
+    size = 0
+    for name, t in named:
+        nbytes = t.numel() * t.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, t))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+async def push_weights_from_tensor(base_url: str, named: Iterable[tuple[str, torch.Tensor]], *,
+                                   weight_version: str | None = None, api_key: str | None = None,
+                                   bucket_bytes: int = 256 << 20, timeout_s: float = 600.0) -> int:
+    """Send weights to one engine over ``/update_weights_from_tensor``, bucket by bucket.
+
+    Only the last bucket carries ``weight_version``, so the version flips once every tensor is in.
+    Returns the number of buckets sent.
+    """
+    groups = list(buckets(named, bucket_bytes))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s) as http:
+        for i, group in enumerate(groups):
+            req = UpdateWeightsFromTensorRequest(
+                serialized_named_tensors=[encode_named_tensors(group)],
+                weight_version=weight_version if i == len(groups) - 1 else None,
+            )
+            resp = await http.post("/update_weights_from_tensor", json=req.model_dump(exclude_none=True))
+            if resp.status_code >= 400:
+                raise EngineError(base_url + "/update_weights_from_tensor", resp.text[:500], resp.status_code)
+            body = UpdateWeightsResponse.model_validate(resp.json())
+            if not body.success:
+                raise EngineError(base_url + "/update_weights_from_tensor", body.message)
+    return len(groups)
+
+
+# ------------------------------------------------------------------------------------------------
+# process groups without a default group
+# ------------------------------------------------------------------------------------------------
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``."""
+    value = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise WeightTransportError(f"unknown dtype {name!r}")
+    return value
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def new_process_group(master_address: str, master_port: int, rank: int, world_size: int, *,
+                      group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> Any:
+    """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
+    timeout = _dt.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
+    prefixed = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    elif backend == "nccl":  # trainer side against SGLang on GPUs
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    else:
+        raise WeightTransportError(f"unsupported backend {backend!r}; expected 'gloo' or 'nccl'")
+    group._relax_store = store  # keep the store (and its server on rank 0) alive with the group
+    return group
+
+
+def broadcast(group: Any, tensors: list[torch.Tensor], root: int = 0) -> None:
+    """Broadcast each tensor from ``root`` in order, then wait for all of them."""
+    works = []
+    for t in tensors:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        works.append(group.broadcast([t], opts))
+    for w in works:
+        w.wait()
+
+
+@dataclass
+class _Group:
+    group: Any
+    rank: int
+    world_size: int
+
+
+class WeightReceiver:
+    """Engine side: joins named groups and receives broadcast tensors (one engine rank each)."""
+
+    def __init__(self, timeout_s: float = 600.0) -> None:
+        self.timeout_s = timeout_s
+        self._groups: dict[str, _Group] = {}
+
+    @property
+    def group_names(self) -> list[str]:
+        return sorted(self._groups)
+
+    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+        if req.backend != "gloo":
+            raise WeightTransportError(
+                f"backend {req.backend!r} is not available on the CPU engine; send backend='gloo'"
+            )
+        if req.group_name in self._groups:
+            raise WeightTransportError(f"group {req.group_name!r} already exists; destroy it first")
+        rank = req.rank_offset  # one engine rank (no tensor parallelism here)
+        if not 0 < rank < req.world_size:
+            raise WeightTransportError(f"rank_offset {rank} is outside 1..{req.world_size - 1}")
+        group = new_process_group(req.master_address, req.master_port, rank, req.world_size,
+                                  group_name=req.group_name, backend="gloo", timeout_s=self.timeout_s)
+        self._groups[req.group_name] = _Group(group, rank, req.world_size)
+
+    def destroy_group(self, group_name: str) -> bool:
+        return self._groups.pop(group_name, None) is not None
+
+    def receive(self, req: UpdateWeightsFromDistributedRequest) -> NamedTensors:
+        """Receive the tensors ``req`` lists (all of them, so the collective stays in step)."""
+        entry = self._groups.get(req.group_name)
+        if entry is None:
+            raise WeightTransportError(f"no weight update group {req.group_name!r}; call /init_weights_update_group")
+        tensors = [torch.empty(tuple(shape), dtype=parse_dtype(dt))
+                   for dt, shape in zip(req.dtypes, req.shapes, strict=True)]
+        broadcast(entry.group, tensors, root=0)
+        return list(zip(req.names, tensors, strict=True))
+
+
+def validate_distributed_request(req: UpdateWeightsFromDistributedRequest) -> None:
+    if not (len(req.names) == len(req.dtypes) == len(req.shapes)):
+        raise WeightTransportError(
+            f"names, dtypes and shapes differ in length ({len(req.names)}, {len(req.dtypes)}, {len(req.shapes)})"
+        )
+    for dt in req.dtypes:
+        parse_dtype(dt)
+    for shape in req.shapes:
+        if any(int(s) < 0 for s in shape):
+            raise WeightTransportError(f"negative dimension in shape {shape}")
+
+
+# ------------------------------------------------------------------------------------------------
+# sender side
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class EngineTarget:
+    """One engine to broadcast to: its URL, auth, and how many ranks it joins with (SGLang: TP size)."""
+
+    base_url: str
+    api_key: str | None = None
+    ranks: int = 1
+
+
+class WeightBroadcaster:
+    """Trainer side (rank 0) of the distributed path, for any number of engines.
+
+    ``await init()`` opens the group (engines join through ``/init_weights_update_group``);
+    ``await push(named, weight_version=...)`` sends buckets: for each bucket it posts
+    ``/update_weights_from_distributed`` to every engine and broadcasts the tensors meanwhile.
+    """
+
+    def __init__(self, engines: list[EngineTarget], *, master_address: str = "127.0.0.1", master_port: int,
+                 group_name: str = "weight_update_group", backend: str = "gloo", timeout_s: float = 600.0) -> None:
+        self.engines = engines
+        self.master_address = master_address
+        self.master_port = master_port
+        self.group_name = group_name
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.world_size = 1 + sum(e.ranks for e in engines)
+        self._group: Any = None
+        self._clients = [EngineClient(e.base_url, api_key=e.api_key, timeout_s=timeout_s) for e in engines]
+
+    async def init(self) -> None:
+        offsets, offset = [], 1
+        for e in self.engines:
+            offsets.append(offset)
+            offset += e.ranks
+        calls = [asyncio.create_task(c.init_weights_update_group(InitWeightsUpdateGroupRequest(
+            master_address=self.master_address, master_port=self.master_port, rank_offset=off,
+            world_size=self.world_size, group_name=self.group_name, backend=self.backend)))
+            for c, off in zip(self._clients, offsets, strict=True)]
+        try:
+            self._group = await asyncio.to_thread(
+                new_process_group, self.master_address, self.master_port, 0, self.world_size,
+                group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s)
+        finally:
+            replies = await asyncio.gather(*calls, return_exceptions=True)
+        for e, r in zip(self.engines, replies, strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            if not r.success:
+                raise EngineError(e.base_url + "/init_weights_update_group", r.message)
+
+    async def push(self, named: Iterable[tuple[str, torch.Tensor]], *, weight_version: str | None = None,
+                   bucket_bytes: int = 256 << 20, abort_all_requests: bool = False) -> int:
+        """Broadcast ``named`` to every engine; the last bucket sets ``weight_version``."""
+        if self._group is None:
+            raise WeightTransportError("call init() before push()")
+        groups = list(buckets(((n, t.detach().cpu().contiguous()) for n, t in named), bucket_bytes))
+        for i, group in enumerate(groups):
+            req = UpdateWeightsFromDistributedRequest(
+                names=[n for n, _ in group], dtypes=[dtype_name(t.dtype) for _, t in group],
+                shapes=[list(t.shape) for _, t in group], group_name=self.group_name,
+                weight_version=weight_version if i == len(groups) - 1 else None,
+                abort_all_requests=abort_all_requests,
+            )
+            calls = [asyncio.create_task(c.update_weights_from_distributed(req)) for c in self._clients]
+            try:
+                await asyncio.to_thread(broadcast, self._group, [t for _, t in group], 0)
+            finally:
+                replies = await asyncio.gather(*calls, return_exceptions=True)
+            for r in replies:
+                if isinstance(r, BaseException):
+                    raise r
+        return len(groups)
+
+    async def close(self) -> None:
+        for e, c in zip(self.engines, self._clients, strict=True):
+            await c.aclose()
+            headers = {"Authorization": f"Bearer {e.api_key}"} if e.api_key else {}
+            try:
+                async with httpx.AsyncClient(base_url=e.base_url.rstrip("/"), headers=headers, timeout=10.0) as http:
+                    await http.post("/destroy_weights_update_group", json={"group_name": self.group_name})
+            except httpx.HTTPError:
+                pass  # the engine is gone; nothing to release there
+        self._group = None
+
+
+__all__ = [
+    "EngineTarget",
+    "UpdateWeightsFromTensorRequest",
+    "WeightBroadcaster",
+    "WeightReceiver",
+    "WeightTransportError",
+    "buckets",
+    "decode_named_tensors",
+    "dtype_name",
+    "encode_named_tensors",
+    "new_process_group",
+    "parse_dtype",
+    "push_weights_from_tensor",
+    "validate_distributed_request",
+]

@@ -1,0 +1,173 @@
+"""Qwen-VL image inputs without torchvision: pixel values, grid sizes, image-token expansion.
+
+The PIL-based ``Qwen2VLImageProcessorPil`` turns images into flattened patches and a
+``(t, h, w)`` patch grid per image. The language model then needs, for each image, exactly
+``t*h*w // merge_size**2`` ``<|image_pad|>`` tokens in ``input_ids`` and ``mm_token_type_ids``
+marking them (1 = image) so Qwen3-VL can build its M-RoPE positions. This module does those two
+steps once, for the engine, the rollout manager and the trainer alike.
+
+A prompt may carry either one ``<|image_pad|>`` per image (as a chat template renders it) or the
+already expanded run; both are accepted, anything else is a :class:`VisionInputError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from relax_gym.errors import RelaxGymError
+
+IMAGE_TOKEN = "<|image_pad|>"
+VIDEO_TOKEN = "<|video_pad|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+
+
+class VisionInputError(RelaxGymError, ValueError):
+    """The prompt's image placeholders and the images given do not fit together."""
+
+
+@dataclass(frozen=True, slots=True)
+class VisionTokens:
+    """Token ids of the vision markers and the patch merge factor of a Qwen-VL model."""
+
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    vision_end_token_id: int
+    merge_size: int
+
+    @classmethod
+    def from_config(cls, config: Any, merge_size: int | None = None) -> VisionTokens:
+        """Read the ids from a Qwen3-VL (or Qwen2-VL) ``PretrainedConfig``."""
+        vision = getattr(config, "vision_config", None)
+        return cls(
+            image_token_id=int(config.image_token_id),
+            video_token_id=int(config.video_token_id),
+            vision_start_token_id=int(config.vision_start_token_id),
+            vision_end_token_id=int(config.vision_end_token_id),
+            merge_size=int(merge_size or getattr(vision, "spatial_merge_size", 2)),
+        )
+
+
+@dataclass(slots=True)
+class VisionInputs:
+    """What a Qwen-VL forward pass needs besides the token ids."""
+
+    input_ids: list[int]
+    mm_token_type_ids: list[int]
+    pixel_values: Any | None = None  # torch.Tensor [num_patches, patch_dim]
+    image_grid_thw: Any | None = None  # torch.LongTensor [num_images, 3]
+
+    @property
+    def num_images(self) -> int:
+        return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+
+def build_image_processor(*, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2,
+                          min_pixels: int = 32 * 32, max_pixels: int = 256 * 256) -> Any:
+    """A PIL-backed Qwen2-VL image processor with Qwen3-VL's patch size and normalisation."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size,
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+        min_pixels=min_pixels, max_pixels=max_pixels,
+    )
+
+
+def load_image_processor(path: str | Path) -> Any:
+    """Load the image processor saved beside a model (``preprocessor_config.json``), PIL backend.
+
+    ``AutoImageProcessor`` would pick a torchvision backend when one imports; we always take the
+    PIL class so the same pixels come out on every machine.
+    """
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil.from_pretrained(str(path))
+
+
+def image_token_count(grid_thw: Any, merge_size: int) -> int:
+    """How many ``<|image_pad|>`` tokens stand for one image with patch grid ``(t, h, w)``."""
+    t, h, w = (int(x) for x in grid_thw)
+    return t * h * w // (merge_size**2)
+
+
+def _runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of ``token_id`` in ``ids``."""
+    runs: list[tuple[int, int]] = []
+    i, n = 0, len(ids)
+    while i < n:
+        if ids[i] == token_id:
+            j = i
+            while j < n and ids[j] == token_id:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def expand_image_tokens(input_ids: list[int], counts: list[int], image_token_id: int) -> list[int]:
+    """Give the k-th run of image pads exactly ``counts[k]`` tokens.
+
+    A run of length 1 is expanded; a run already of the right length is kept; any other length,
+    or a number of runs different from the number of images, is an error.
+    """
+    runs = _runs(input_ids, image_token_id)
+    if len(runs) != len(counts):
+        raise VisionInputError(
+            f"the prompt has {len(runs)} image placeholder(s) ({IMAGE_TOKEN} runs) but {len(counts)} image(s) were given"
+        )
+    out: list[int] = []
+    prev = 0
+    for k, ((start, end), count) in enumerate(zip(runs, counts, strict=True)):
+        length = end - start
+        if length not in (1, count):
+            raise VisionInputError(
+                f"image {k}: its placeholder run has {length} {IMAGE_TOKEN} tokens; expected 1 or {count}"
+            )
+        out.extend(input_ids[prev:start])
+        out.extend([image_token_id] * count)
+        prev = end
+    out.extend(input_ids[prev:])
+    return out
+
+
+def prepare_vision_inputs(input_ids: list[int], images: list[Image.Image], image_processor: Any,
+                          tokens: VisionTokens) -> VisionInputs:
+    """Pixel values, grids, expanded ids and ``mm_token_type_ids`` for a prompt and its images.
+
+    Images are given in the order of their placeholders in the prompt.
+    """
+    if tokens.video_token_id in input_ids:
+        raise VisionInputError(f"the prompt holds {VIDEO_TOKEN}: video input is not supported here")
+    pixel_values = grid = None
+    counts: list[int] = []
+    if images:
+        out = image_processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
+        pixel_values, grid = out["pixel_values"], out["image_grid_thw"]
+        counts = [image_token_count(g, tokens.merge_size) for g in grid.tolist()]
+    ids = expand_image_tokens(list(input_ids), counts, tokens.image_token_id)
+    types = [1 if t == tokens.image_token_id else 0 for t in ids]
+    return VisionInputs(input_ids=ids, mm_token_type_ids=types, pixel_values=pixel_values, image_grid_thw=grid)
+
+
+__all__ = [
+    "IMAGE_TOKEN",
+    "VIDEO_TOKEN",
+    "VISION_END",
+    "VISION_START",
+    "VisionInputError",
+    "VisionInputs",
+    "VisionTokens",
+    "build_image_processor",
+    "expand_image_tokens",
+    "image_token_count",
+    "load_image_processor",
+    "prepare_vision_inputs",
+]
