@@ -71,7 +71,7 @@ class ImageTurnsEnv(relax_gym.Env):
         self.turns = turns
 
     def _image(self) -> Image.Image:
-        w, h = [(64, 48), (32, 64), (48, 48), (80, 32)][self.t % 4]
+        w, h = [(64, 32), (32, 64), (96, 64), (32, 32)][self.t % 4]
         pixels = self.np_random.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
         return Image.fromarray(pixels, "RGB")
 

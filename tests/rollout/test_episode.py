@@ -17,6 +17,7 @@ from relax_gym.trainer.rollout import (
     RolloutConfig,
     RolloutManager,
     Trajectory,
+    parse_weight_version,
 )
 
 from .envs import FixedToolEnv
@@ -76,7 +77,7 @@ async def test_tool_episodes_exact_tokens_and_logprobs(qwen3_engine: Any, codec:
         assert len(traj.turns) == 3 and traj.trainable
         assert_tool_structure(traj, codec)
         assert traj.drift.kind == "none"
-        assert set(traj.weight_version_mix) == {0}  # the engine's initial "default" weights
+        assert len(traj.weight_version_mix) == 1  # one weight version served the whole episode
         assert all(len(t.engine_ids) == 1 for t in traj.turns)
         assert [t.tool_latency_s for t in traj.turns[:2]] == [0.001, 0.001]
         assert traj.turns[0].tool_calls[0].name == "calculator"
@@ -139,19 +140,20 @@ async def test_partial_rollouts_resume_across_a_weight_update(qwen3_engine: Any,
                                                               tiny_qwen3: Path) -> None:
     async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
         manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=240, concurrency=4))
+        old = parse_weight_version((await router.engines[0].client.model_info()).weight_version)
         task = asyncio.create_task(manager.generate(tool_specs(4, turns=1)))
         await asyncio.sleep(1.0)  # mid-generation
         assert not task.done()
-        await manager.update_weights(str(tiny_qwen3), 1)
+        await manager.update_weights(str(tiny_qwen3), old + 1)
         trajs = await asyncio.wait_for(task, 120)
-        assert router.weight_version == "1"
-        assert (await router.engines[0].client.model_info()).weight_version == "1"
+        assert router.weight_version == str(old + 1)
+        assert (await router.engines[0].client.model_info()).weight_version == str(old + 1)
     assert all(t.stop_reason == "env_done" for t in trajs)
-    mixed = [t for t in trajs if set(t.weight_version_mix) == {0, 1}]
+    mixed = [t for t in trajs if set(t.weight_version_mix) == {old, old + 1}]
     assert mixed, [t.weight_version_mix for t in trajs]
     for t in mixed:
         t.validate()
-        assert t.turns[0].resumes >= 1 and t.turns[0].weight_versions == [0, 1]
+        assert t.turns[0].resumes >= 1 and t.turns[0].weight_versions == [old, old + 1]
         versions = [v for v, m in zip(t.weight_versions, t.loss_mask) if m]
         assert versions == sorted(versions)  # old tokens first, then the new version's
     assert manager.metrics.resumes >= len(mixed)

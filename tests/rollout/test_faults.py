@@ -1,0 +1,119 @@
+"""Faults and elasticity with real engines on 127.0.0.1: scale out then in while episodes run
+(through the token-protected control API), and kill one of two engines mid-rollout. Nothing is
+lost: every episode completes with all its turns.
+
+The second engine is shared by both tests, in file order: the scaling test adds and drains it,
+the failover test kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from relax_gym.trainer.rollout import ChatCodec, ControlServer, EngineRouter, RolloutConfig, RolloutManager
+
+from .conftest import start_engine
+from .test_episode import assert_tool_structure, tool_specs
+
+
+@pytest.fixture(scope="module")
+def codec(tiny_qwen3: Path) -> ChatCodec:
+    return ChatCodec.from_pretrained(tiny_qwen3)
+
+
+@pytest.fixture(scope="module")
+def second_engine(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    engine = start_engine(tiny_qwen3, tmp_path_factory.mktemp("fault-logs"), "qwen3-second")
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+async def test_control_api_needs_the_token() -> None:
+    async with EngineRouter([]) as router, ControlServer(router, token="s3cret") as control:
+        assert control.host == "127.0.0.1"
+        async with httpx.AsyncClient(base_url=control.url) as http:
+            assert (await http.get("/engines")).status_code == 401
+            assert (await http.get("/engines", headers={"Authorization": "Bearer wrong"})).status_code == 401
+            assert (await http.post("/engines", json={"url": "http://127.0.0.1:9"})).status_code == 401
+            assert (await http.delete("/engines/e0")).status_code == 401
+            ok = {"Authorization": "Bearer s3cret"}
+            assert (await http.get("/engines", headers=ok)).json()["engines"] == []
+            assert (await http.delete("/engines/nope", headers=ok)).status_code == 404
+            assert (await http.post("/engines", json={"url": "ftp://x"}, headers=ok)).status_code == 422
+            down = await http.post("/engines", json={"url": "http://127.0.0.1:9"}, headers=ok)
+            assert down.status_code == 502 and router.engines == []
+    with pytest.raises(ValueError, match="allow_remote"):
+        ControlServer(router, host="0.0.0.0")
+
+
+async def test_scale_out_then_in_while_running(qwen3_engine: Any, second_engine: Any, codec: ChatCodec,
+                                               tiny_qwen3: Path) -> None:
+    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
+        await router.update_weights_from_disk(str(tiny_qwen3), 7)  # the checkpoint new engines must load
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=12, concurrency=6))
+        async with ControlServer(router, manager=manager) as control, httpx.AsyncClient(
+                base_url=control.url, headers={"Authorization": f"Bearer {control.token}"}, timeout=60) as http:
+            task = asyncio.create_task(manager.generate(tool_specs(12, turns=4)))
+            await wait_until(lambda: manager.metrics.turns >= 3)
+            added = await http.post("/engines", json={"url": second_engine.url})
+            assert added.status_code == 201, added.text
+            new_id = added.json()["id"]
+            assert added.json()["weight_version"] == "7"  # synced before taking traffic
+            handle = router.get(new_id)
+            assert handle is not None
+            await wait_until(lambda: handle.served >= 4)
+            drained = await http.delete(f"/engines/{new_id}")
+            assert drained.status_code == 202 and drained.json()["state"] in ("draining", "removed")
+            trajs = await asyncio.wait_for(task, 120)
+            await wait_until(lambda: router.get(new_id) is None)
+            listed = (await http.get("/engines")).json()["engines"]
+            assert [e["url"] for e in listed] == [qwen3_engine.url]
+            metrics = (await http.get("/metrics")).json()
+            assert metrics["router"]["added"] == 1 and metrics["router"]["removed"] == 1
+    assert len(trajs) == 12
+    for traj in trajs:
+        assert traj.stop_reason == "env_done" and len(traj.turns) == 4
+        assert_tool_structure(traj, codec)
+        assert traj.weight_version_mix.keys() == {7}
+        engines = [e for t in traj.turns for e in t.engine_ids]
+        assert len(set(engines)) == 1  # session affinity: a drained engine finishes what it has
+    assert any(new_id in t.turns[0].engine_ids for t in trajs)  # the new engine took episodes
+
+
+async def test_kill_one_of_two_engines_mid_rollout(qwen3_engine: Any, second_engine: Any, codec: ChatCodec) -> None:
+    async with EngineRouter([qwen3_engine.url, second_engine.url], health_interval_s=0.5) as router:
+        first, second = router.engines
+        assert second.url == second_engine.url and second.state == "ready"
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16, concurrency=8))
+        task = asyncio.create_task(manager.generate(tool_specs(8, turns=4)))
+        await wait_until(lambda: second.served >= 4)
+        second_engine.kill()
+        trajs = await asyncio.wait_for(task, 120)
+        assert second.state == "unhealthy" and first.state == "ready"
+    assert len(trajs) == 8
+    moved = 0
+    for traj in trajs:
+        assert traj.stop_reason == "env_done" and len(traj.turns) == 4, traj.error
+        assert_tool_structure(traj, codec)
+        engines = [e for t in traj.turns for e in t.engine_ids]
+        if second.id in engines and engines[-1] == first.id:
+            moved += 1
+            assert engines.index(first.id) > 0  # resumed on the survivor after the failure
+    assert moved >= 1 and manager.metrics.failovers >= 1
+    assert router.events["marked_unhealthy"] >= 1
