@@ -28,7 +28,7 @@ from relax_gym.rewards.types import RewardError, RewardInput
 
 MAX_CASES = 1000
 _PLACEHOLDER = re.compile(r"\{(SOLUTION|CASES|KIND|NONCE|CASE_TIMEOUT)\}")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+\-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)  # info string, then the body
 
 # The harness: {SOLUTION}, {CASES}, {KIND}, {NONCE}, {CASE_TIMEOUT} are filled with literals.
 _HARNESS = r'''
@@ -107,7 +107,7 @@ else:
 
 def extract_code(text: str, language: str = "python") -> str | None:
     """The last fenced block tagged ``language`` (or untagged); None when there is none."""
-    blocks = [(lang.lower(), body) for lang, body in _FENCE.findall(text[-200_000:])]
+    blocks = [((info.split() or [""])[0].lower(), body) for info, body in _FENCE.findall(text[-200_000:])]
     wanted = [body for lang, body in blocks if lang in (language, "py" if language == "python" else language, "")]
     return wanted[-1] if wanted else None
 

@@ -254,10 +254,11 @@ async def score_samples(config: Sequence[EntryLike] | EntryLike, samples: Sequen
     return await RewardComposer(config, **composer_kwargs).score(samples)
 
 
-def evaluate_reward(name: str, sample: RewardInput, *, timeout_s: float | None = 60.0,
+def evaluate_reward(name: str, sample: RewardInput, *, call_timeout_s: float | None = 60.0,
                     **kwargs: Any) -> RewardResult:
-    """Score one sample with one reward, blocking; for scripts and the evaluator."""
-    composer = RewardComposer([RewardEntry(name=name, kwargs=kwargs)], timeout_s=timeout_s)
+    """Score one sample with one reward, blocking; for scripts and the evaluator. ``kwargs``
+    go to the reward function; ``call_timeout_s`` bounds the call."""
+    composer = RewardComposer([RewardEntry(name=name, kwargs=kwargs)], timeout_s=call_timeout_s)
     return composer.score_sync([sample])[0]
 
 

@@ -28,11 +28,13 @@ class VerdictError(ValueError):
 
 
 def clean_reply(text: str) -> str:
-    """The judge's answer without its reasoning block and Markdown emphasis."""
+    """The judge's answer without its reasoning block and Markdown emphasis, on one line with
+    single spaces (which also keeps the verdict patterns from backtracking over long runs of
+    whitespace)."""
     text = text[-MAX_VERDICT_CHARS:]
     if "</think>" in text:
         text = text.rsplit("</think>", 1)[1]
-    return text.replace("**", "").replace("__", "").replace("`", "").strip()
+    return " ".join(text.replace("**", "").replace("__", "").replace("`", "").split())
 
 
 _VERDICT = re.compile(r"verdict\s*[:=\-]?\s*\[?\s*(correct|incorrect|wrong|right)\b", re.IGNORECASE)

@@ -24,7 +24,9 @@ _DROP = re.compile(
 _DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![A-Za-z])|\\degree(?![A-Za-z])|°")
 _TEXT_CMD = re.compile(r"\\(?:text|textrm|textbf|textit|mbox|mathrm|mathbf|textnormal)\s*\{")
 _UNITISH = re.compile(r"^[A-Za-z][A-Za-z\s.]*(?:\^\{?\d\}?)?$")
-_TRAILING_WORDS = re.compile(r"(?<=[\d}).])\s*(?P<words>(?:[A-Za-z]{2,}\.?\s*){1,4})(?:\^\{?\d\}?)?$")
+# a word may not be split ("(?![A-Za-z])"): without that, a long run of letters backtracks
+# through every way of cutting it into four words
+_TRAILING_WORDS = re.compile(r"(?<=[\d}).]) ?(?P<words>(?:[A-Za-z]{2,}(?![A-Za-z])\.? ?){1,4})(?:\^\{?\d\}?)?$")
 _KEEP_WORDS = {"pi", "sqrt", "sin", "cos", "tan", "log", "ln", "exp", "infty", "inf", "oo", "and", "or", "i"}
 _UNICODE = {"π": "\\pi ", "√": "\\sqrt", "∞": "\\infty ", "×": "\\times ", "·": "\\cdot ", "−": "-",
             "≤": "\\leq ", "≥": "\\geq ", "∪": "\\cup ", "±": "\\pm "}

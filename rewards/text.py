@@ -160,7 +160,7 @@ def _choices(sample: RewardInput, choices: Sequence[str] | None) -> list[str]:
 def _letter_of(text: str, options: list[str], valid: str) -> str | None:
     """A letter from a short answer: ``B``, ``(b)``, ``B.``, ``(B) text``, ``B) text``, or an
     option's text. A lower-case letter counts only on its own ("a triangle" is not option A)."""
-    text = text.strip()
+    text = " ".join(text.split())[:1000]  # single spaces: the patterns cannot backtrack on runs
     m = _LETTER_ONLY.match(text)
     if m and m.group(1).upper() in valid:
         return m.group(1).upper()
@@ -189,12 +189,13 @@ def multiple_choice(sample: RewardInput, *, choices: Sequence[str] | None = None
     extracted, how = extract_answer(sample.response, fallback="short")
     got = _letter_of(extracted, options, valid) if extracted else None
     if got is None:
-        hits = [m.group(1) for m in _ANSWER_LETTER.finditer(sample.response[-5000:])]
+        tail = " ".join(sample.response[-5000:].split())
+        hits = [m.group(1) for m in _ANSWER_LETTER.finditer(tail)]
         hits = [h for h in hits if h in valid]
         if hits:
             got = hits[-1]
         else:
-            parens = {m.group(1) for m in _PAREN_LETTER.finditer(sample.response[-5000:]) if m.group(1) in valid}
+            parens = {m.group(1) for m in _PAREN_LETTER.finditer(tail) if m.group(1) in valid}
             got = parens.pop() if len(parens) == 1 else None
     return Score(float(got == ref), details={"chosen": got, "reference": ref, "how": how})
 
