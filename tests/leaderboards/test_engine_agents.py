@@ -1,0 +1,122 @@
+"""Model agents against real models: ``openai:`` and ``sglang:`` through the embedded engine on
+127.0.0.1, and ``hf:`` in-process, all with tiny random Qwen3-VL / Qwen3 models built from configs.
+
+The ``openai:`` and ``sglang:`` tests run by default (about 30 s with the engine's start); the
+``hf:`` test is slow-marked. A random tiny model answers nonsense, so these tests check the
+plumbing, not the scores: every
+episode completes without error, images reach the model (the prompt the engine counted is
+longer than the text alone by the image's tokens), and a modality the model cannot take stops
+the run with a clear error before any episode is scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from relax_gym.leaderboards import AgentOptions, run_eval
+from relax_gym.leaderboards.records import read_records
+
+ENVS = ["lbtest/Picture-v0", "relax/ShapeCount-v0", "lbtest/Pick-v0"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from relax_gym.trainer.models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {"vl": build_tiny_model("qwen3_vl", root / "vl"), "text": build_tiny_model("qwen3", root / "text")}
+
+
+@pytest.fixture(scope="module")
+def engine(models: dict[str, Path]) -> Any:
+    from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+
+    with EmbeddedEngineProcess(models["vl"], threads=1) as proc:
+        yield proc
+
+
+def _run(spec: str, out: Path, options: AgentOptions, **kw: Any):
+    kw.setdefault("progress", False)
+    return asyncio.run(run_eval(spec, out, options=options, **kw))
+
+
+def _text_tokens(model: Path, rows: list[Any], out: Path) -> dict[tuple[str, int, int], int]:
+    """Prompt length of each episode's first turn rendered with its images removed."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+    lengths = {}
+    for r in rows:
+        doc = json.loads((out / r.transcript).read_text())
+        text = "".join(p["text"] for p in doc["messages"][0]["content"] if p["type"] == "text")
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                           tokenize=False)
+        lengths[r.key] = len(tok(rendered, add_special_tokens=False)["input_ids"])
+    return lengths
+
+
+def _check_images_reached_the_model(model: Path, out: Path) -> None:
+    rows = read_records(out / "episodes.jsonl")
+    assert len(rows) == 6 and not [r.error for r in rows if r.error]
+    image_rows = [r for r in rows if r.env_id != "lbtest/Pick-v0"]
+    assert all(r.media_sent == {"image": 1} and r.completion_tokens > 0 for r in image_rows)
+    text_only = _text_tokens(model, image_rows, out)
+    # <|vision_start|> + at least one <|image_pad|> + <|vision_end|> beyond the text
+    assert all(r.prompt_tokens >= text_only[r.key] + 3 for r in image_rows), [
+        (r.prompt_tokens, text_only[r.key]) for r in image_rows]
+
+
+def test_openai_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    opts = AgentOptions(max_tokens=8, temperature=1.0, thinking=False)
+    res = _run(f"openai:{engine.url}/v1", tmp_path / "oa", opts, env_ids=ENVS, episodes=2, concurrency=4)
+    assert res.fatal is None and res.summary["complete"]
+    _check_images_reached_the_model(models["vl"], tmp_path / "oa")
+    stopped = _run(f"openai:{engine.url}/v1", tmp_path / "oa-audio", opts, env_ids=["relax/SenseCount-v0"], episodes=1)
+    assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal
+
+
+def test_sglang_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    opts = AgentOptions(model=str(models["vl"]), max_tokens=8, temperature=1.0, thinking=False)
+    res = _run(f"sglang:{engine.url}", tmp_path / "sg", opts, env_ids=ENVS, episodes=2, concurrency=4)
+    assert res.fatal is None and res.summary["complete"]
+    assert res.summary["config"]["agent"]["chat_template_sha256"]
+    _check_images_reached_the_model(models["vl"], tmp_path / "sg")
+    # without --model the tokenizer is found through the server's /get_model_info
+    found = _run(f"sglang:{engine.url}", tmp_path / "sg2", AgentOptions(max_tokens=4), env_ids=["lbtest/Pick-v0"],
+                 episodes=1)
+    assert found.fatal is None and found.summary["complete"]
+    stopped = _run(f"sglang:{engine.url}", tmp_path / "sg-audio", opts, env_ids=["relax/SenseCount-v0"], episodes=1)
+    assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal
+
+
+@pytest.mark.slow
+def test_hf_agent_runs_local_models(models: dict[str, Path], tmp_path: Path) -> None:
+    opts = AgentOptions(max_tokens=6, temperature=1.0, thinking=False)
+    vl = _run(f"hf:{models['vl']}", tmp_path / "hf-vl", opts, env_ids=ENVS, episodes=2, concurrency=2)
+    assert vl.fatal is None and vl.summary["complete"]
+    _check_images_reached_the_model(models["vl"], tmp_path / "hf-vl")
+    text = _run(f"hf:{models['text']}", tmp_path / "hf-text", opts, env_ids=["lbtest/Pick-v0"], episodes=2)
+    assert text.fatal is None and text.summary["results"]["counts"]["finished"] == 2
+    # a text-only model is never handed an image silently
+    stopped = _run(f"hf:{models['text']}", tmp_path / "hf-img", opts, env_ids=["lbtest/Picture-v0"], episodes=1)
+    assert stopped.fatal is not None and "does not accept image input" in stopped.fatal
+    # same seeds, same text: sampling is seeded from the episode key
+    again = _run(f"hf:{models['text']}", tmp_path / "hf-text2", opts, env_ids=["lbtest/Pick-v0"], episodes=2)
+    first, second = _answers(tmp_path / "hf-text"), _answers(tmp_path / "hf-text2")
+    assert len(first) == 2 and first == second and again.summary["results"] == text.summary["results"]
+
+
+def _answers(out: Path) -> dict[tuple[str, int, int], str]:
+    import json
+
+    answers = {}
+    for r in read_records(out / "episodes.jsonl"):
+        doc = json.loads((out / r.transcript).read_text())
+        answers[r.key] = next(m for m in doc["messages"] if m["role"] == "assistant")["content"][0]["text"]
+    return answers
