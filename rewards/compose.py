@@ -177,7 +177,7 @@ class RewardComposer:
                 outcomes[i][entry.label] = out
 
         tasks = []
-        for (plan_key, _gid), idx in self._groups(samples, plans).items():
+        for idx in self._groups(samples, plans).values():
             plan = plans[idx[0]]
             for j, rf in enumerate(plan.fns):
                 if rf.group:

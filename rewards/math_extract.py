@@ -78,10 +78,9 @@ def _marker_answer(text: str) -> str | None:
     for line in reversed(text[-MAX_SCAN_CHARS:].splitlines()):
         if len(line) > 2000:
             continue
-        m = None
-        for m in _MARKER.finditer(line):
-            pass
-        if m is not None:
+        matches = list(_MARKER.finditer(line))
+        if matches:
+            m = matches[-1]
             ans = (m.group("a") or m.group("b") or "").strip()
             # "Answer: $x = 3$." -> the math inside the first $...$ when there is one
             inline = re.search(r"\$([^$]+)\$", ans)

@@ -194,7 +194,7 @@ async def run_sample(rf: RewardFn, sample: RewardInput, kwargs: dict[str, Any], 
     """Score one sample with a single-sample reward."""
     try:
         value = await call_reward(rf, sample, kwargs, timeout_s)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError since 3.11
         return Outcome.failed("timeout", f"{what} did not finish within {timeout_s} s")
     except Exception as exc:  # noqa: BLE001 -- any error becomes a recorded failure
         return _failure_from_exception(exc, what)
@@ -207,7 +207,7 @@ async def run_group(rf: RewardFn, samples: Sequence[RewardInput], kwargs: dict[s
     n = len(samples)
     try:
         values = await call_reward(rf, list(samples), kwargs, timeout_s)
-    except (TimeoutError, asyncio.TimeoutError):
+    except TimeoutError:  # asyncio.TimeoutError is TimeoutError since 3.11
         return [Outcome.failed("timeout", f"{what} did not finish within {timeout_s} s") for _ in range(n)]
     except Exception as exc:  # noqa: BLE001
         out = _failure_from_exception(exc, what)

@@ -12,7 +12,6 @@ import re
 import string
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
 
 from relax_gym.rewards.math_extract import extract_answer
 from relax_gym.rewards.registry import Score, reward
