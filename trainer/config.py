@@ -1,0 +1,492 @@
+"""The training config: one typed pydantic model, loaded from YAML with dotted overrides.
+
+``relax-gym train CONFIG key.sub=value ...`` reads the YAML file, applies each override (the
+value is parsed as YAML, so ``train.lr=3e-4``, ``eval.every=5``, ``data.envs=[...]`` all work)
+and validates the result before any work starts. Every section forbids unknown keys, so a typo
+fails at once with the dotted path of the bad field, the allowed values and a "did you mean"
+suggestion (:class:`ConfigError`).
+
+Sections (each documented field by field below):
+
+* ``model`` -- which model to train (an HF folder, or a tiny model built from config);
+* ``engine`` -- the inference engines (embedded CPU engines started by the trainer, or URLs);
+* ``data`` -- where prompts come from (env ids with weights, or a suite) and the training seeds;
+* ``rollout`` -- the rollout manager's settings (group size, sampling, turn and token limits);
+* ``rewards`` -- reward composition on top of the env's reward (``relax_gym.rewards``);
+* ``algorithm`` -- losses and advantages (:class:`~relax_gym.trainer.algorithms.AlgorithmConfig`);
+* ``train`` -- the optimiser and the step structure (mini-batches, micro-batches, dynamic sampling);
+* ``warmup`` -- the supervised warm-start from oracle trajectories (also ``relax-gym sft``);
+* ``eval`` -- held-out evaluation every K steps;
+* ``checkpoint`` / ``logging`` -- saving, resuming and observability.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from relax_gym.errors import RelaxGymError
+from relax_gym.trainer.algorithms import AlgorithmConfig
+
+#: Training seeds are drawn below this bound; evaluation seeds start at or above it, so held-out
+#: episodes are never trained on (checked by :class:`TrainConfig`).
+EVAL_SEED_FLOOR = 1_000_000_000
+
+
+class ConfigError(RelaxGymError, ValueError):
+    """A config file or override is invalid; the message names every bad field."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# model and engines
+# ------------------------------------------------------------------------------------------------
+class TinyModelSpec(_Section):
+    """A tiny random model built from a config with ``relax_gym.trainer.models.build_tiny_model``."""
+
+    kind: Literal["qwen3", "qwen3_vl"] = Field("qwen3_vl", description="architecture to build")
+    seed: int = Field(0, description="weight initialisation seed")
+    tokenizer: Literal["qwen3", "tiny-bpe"] = Field("qwen3", description="the real Qwen3 tokenizer or a tiny BPE")
+    text: dict[str, Any] = Field(default_factory=dict, description="text-config overrides (hidden_size, ...)")
+    vision: dict[str, Any] = Field(default_factory=dict, description="Qwen3-VL vision-config overrides")
+    image_min_pixels: int = Field(32 * 32, ge=1, description="image processor's minimum pixels")
+    image_max_pixels: int = Field(256 * 256, ge=1, description="image processor's maximum pixels (resize bound)")
+
+
+class ModelConfig(_Section):
+    path: str | None = Field(None, description="HF model folder to start from (config, weights, tokenizer)")
+    build: TinyModelSpec | None = Field(None, description="build a tiny model instead of loading `path`")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="float32, or bfloat16 autocast (fp32 master weights and optimizer state)"
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=lambda: {"enable_thinking": False},
+        description="extra chat-template variables (Qwen3: enable_thinking)",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.build is None):
+            raise ValueError("give exactly one of model.path (an HF folder) or model.build (a tiny model spec)")
+        return self
+
+
+class EngineConfig(_Section):
+    kind: Literal["embedded", "external"] = Field(
+        "embedded",
+        description="embedded: the trainer starts CPU engines (relax-gym engine serve) on 127.0.0.1; "
+        "external: use already running SGLang-protocol servers listed in `urls`",
+    )
+    num_engines: int = Field(1, ge=1, description="embedded engines to start")
+    urls: list[str] = Field(default_factory=list, description="external engine base URLs")
+    api_key: str | None = Field(None, description="bearer token for the engines' control routes")
+    threads: int | None = Field(None, ge=1, description="torch threads per embedded engine")
+    max_batch_size: int = Field(64, ge=1, description="embedded engine: requests decoded together")
+    startup_timeout_s: float = Field(180.0, gt=0, description="wait this long for an engine's /health")
+    sync: Literal["auto", "tensor", "disk"] = Field(
+        "auto",
+        description="weight sync path: tensor = in-memory /update_weights_from_tensor (embedded engines); "
+        "disk = HF folder + /update_weights_from_disk (any engine); auto = tensor for embedded, disk otherwise",
+    )
+    sync_bucket_mb: int = Field(256, ge=1, description="size of one weight bucket on the tensor path")
+
+    @model_validator(mode="after")
+    def _urls(self) -> EngineConfig:
+        if self.kind == "external" and not self.urls:
+            raise ValueError("engine.kind 'external' needs engine.urls (e.g. ['http://127.0.0.1:30000'])")
+        for url in self.urls:
+            if not re.match(r"^https?://", url):
+                raise ValueError(f"engine.urls entry {url!r} must start with http:// or https://")
+        return self
+
+
+# ------------------------------------------------------------------------------------------------
+# data, rollout, rewards
+# ------------------------------------------------------------------------------------------------
+class EnvEntry(_Section):
+    id: str = Field(description="registered env id, e.g. relax/ShapeCount-v0")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to relax_gym.make (difficulty...)")
+    weight: float = Field(1.0, gt=0, description="relative sampling weight among the envs")
+
+
+class DataConfig(_Section):
+    envs: list[EnvEntry] = Field(default_factory=list, description="envs to sample training episodes from")
+    suite: str | None = Field(None, description="or: a registered suite whose envs to train on")
+    seed_start: int = Field(0, ge=0, description="training seeds are seed_start, seed_start+1, ... (shuffled)")
+    seed_count: int = Field(10_000_000, ge=1, description="size of the training seed pool")
+
+    @model_validator(mode="after")
+    def _source(self) -> DataConfig:
+        if not self.envs and self.suite is None:
+            raise ValueError("give data.envs (a list of {id, kwargs, weight}) or data.suite")
+        if self.seed_start + self.seed_count > EVAL_SEED_FLOOR:
+            raise ValueError(
+                f"training seeds must stay below {EVAL_SEED_FLOOR} (held-out evaluation seeds start there); "
+                f"seed_start + seed_count = {self.seed_start + self.seed_count}"
+            )
+        return self
+
+
+class RolloutSection(_Section):
+    """Settings forwarded to the rollout manager (``relax_gym.trainer.rollout.RolloutConfig``)."""
+
+    group_size: int = Field(8, ge=1, description="samples per prompt (env seed): the GRPO group")
+    prompts_per_step: int = Field(8, ge=1, description="groups per training step")
+    concurrency: int = Field(64, ge=1, description="episodes running at once")
+    max_new_tokens: int = Field(64, ge=1, description="bound on one assistant turn")
+    max_total_tokens: int = Field(2048, ge=2, description="bound on a sample (prompt included)")
+    max_turns: int | None = Field(None, ge=1, description="turn limit; None = the env's own")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature (the trainer's logprobs use it too)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1 = off; <1 biases the logprobs)")
+    system_prompt: str | None = Field(None, description="prepended when the env sends no system message")
+    think_policy: Literal["keep", "split"] = Field("keep", description="see the rollout manager")
+    request_timeout_s: float = Field(300.0, gt=0, description="one /generate request")
+
+    @property
+    def batch_size(self) -> int:
+        return self.group_size * self.prompts_per_step
+
+
+class RewardsConfig(_Section):
+    entries: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"name": "env"}],
+        description="reward components (relax_gym.rewards entries: name, weight, kwargs, on_failure); "
+        "the default is the env's own reward",
+    )
+    per_env: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict, description="env id -> entries used instead of `entries` for that env"
+    )
+    timeout_s: float = Field(60.0, gt=0, description="per reward call")
+    failed: Literal["drop", "zero"] = Field(
+        "drop", description="a sample whose reward failed: drop its group from the batch, or score it 0"
+    )
+
+    @field_validator("entries", "per_env")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        from relax_gym.rewards import get_reward, parse_entries
+
+        for entries in value.values() if isinstance(value, dict) else [value]:
+            for entry in parse_entries(entries):
+                try:
+                    get_reward(entry.name)
+                except KeyError as exc:
+                    raise ValueError(str(exc.args[0]) if exc.args else str(exc)) from None
+        return value
+
+
+# ------------------------------------------------------------------------------------------------
+# optimisation
+# ------------------------------------------------------------------------------------------------
+class DynamicSampling(_Section):
+    enabled: bool = Field(False, description="drop groups whose rewards are all equal (DAPO) and sample more")
+    max_rounds: int = Field(4, ge=1, description="rollout rounds per step at most; then train on what there is")
+
+
+class OptimConfig(_Section):
+    steps: int = Field(100, ge=0, description="RL training steps (each: rollout, update(s), weight sync)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    lr_warmup_steps: int = Field(0, ge=0, description="linear warm-up of the learning rate, in optimizer updates")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="after the warm-up")
+    grad_clip: float | None = Field(1.0, gt=0, description="global gradient-norm clip; null = off")
+    mini_batches: int = Field(1, ge=1, description="optimizer updates per step (the batch is split in this many)")
+    epochs: int = Field(1, ge=1, description="passes over the step's batch")
+    micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+
+
+class WarmupConfig(_Section):
+    """Supervised warm-start on oracle trajectories of the training envs (``relax-gym sft`` too)."""
+
+    enabled: bool = Field(False, description="run SFT before RL")
+    steps: int = Field(100, ge=1, description="optimizer steps at most")
+    batch_size: int = Field(32, ge=1, description="oracle episodes per step")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate for SFT")
+    lr_schedule: Literal["constant", "cosine", "linear"] = "constant"
+    micro_batch_size: int = Field(32, ge=1)
+    seed_start: int = Field(500_000_000, ge=0, description="oracle episodes use seeds from here (disjoint from RL)")
+    eval_every: int = Field(0, ge=0, description="evaluate every this many SFT steps (0: only at the end)")
+    stop_at_success: float | None = Field(
+        None, gt=0, le=1,
+        description="stop as soon as held-out success reaches this (leaves RL work to do); null = run all steps",
+    )
+    stop_at_loss: float | None = Field(None, gt=0, description="stop when the SFT loss (EMA) falls below this")
+    save_to: str | None = Field(None, description="also export the warmed-up model as an HF folder here")
+
+
+class TeacherConfig(_Section):
+    """On-policy distillation: a teacher engine scores the student's samples (``max_new_tokens=0``)."""
+
+    url: str | None = Field(None, description="SGLang-protocol server of the teacher model")
+    api_key: str | None = None
+    timeout_s: float = Field(300.0, gt=0)
+
+
+class EvalConfig(_Section):
+    every: int = Field(10, ge=0, description="evaluate every this many RL steps (0 = only start and end)")
+    episodes: int = Field(64, ge=1, description="held-out episodes per env")
+    envs: list[EnvEntry] | None = Field(None, description="default: the training envs")
+    suite: str | None = Field(None, description="or: a registered suite")
+    seed_start: int = Field(EVAL_SEED_FLOOR, ge=EVAL_SEED_FLOOR, description="held-out seeds start here")
+    temperature: float = Field(0.0, ge=0, description="0 = greedy")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: rollout.max_new_tokens")
+    at_start: bool = Field(True, description="evaluate before the first step")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0, description="save every this many steps (0 = only at the end)")
+    keep_last: int = Field(2, ge=1, description="keep this many recent checkpoints")
+    save_optimizer: bool = Field(True, description="needed for an exact resume")
+    export_hf: bool = Field(True, description="also write the final model as an HF folder (out/final_model)")
+
+
+class WandbConfig(_Section):
+    enabled: bool = False
+    project: str = "relax-gym"
+    entity: str | None = None
+    mode: Literal["online", "offline", "disabled"] = "offline"
+
+
+class LoggingConfig(_Section):
+    progress: Literal["rich", "tqdm", "plain", "none"] = Field("tqdm", description="progress display")
+    tensorboard: bool = Field(True, description="write TensorBoard event files under out/tensorboard")
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    dump_samples: int = Field(4, ge=0, description="rollout samples written per step to out/samples/")
+    dump_every: int = Field(1, ge=1, description="dump samples every this many steps")
+    plot: bool = Field(True, description="draw reward/success curves to out/curves.png at the end")
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole config
+# ------------------------------------------------------------------------------------------------
+class TrainConfig(_Section):
+    """Everything ``relax-gym train`` needs; see the module docstring for the sections."""
+
+    run_name: str = Field("run", description="name of the run (metrics, W&B)")
+    output_dir: str = Field("runs/{run_name}", description="where everything goes; {run_name} is substituted")
+    seed: int = Field(0, description="seeds data order, sampling and initialisation")
+    deterministic: bool = Field(
+        False, description="deterministic torch kernels and seeded engine sampling (bit-exact resume)"
+    )
+    mode: Literal["colocate"] = Field(
+        "colocate", description="colocate: generate, then train, then sync weights (strictly on-policy)"
+    )
+    backend: Literal["torch", "megatron"] = Field("torch", description="training backend")
+    device: str = Field("cpu", description="torch device of the trainer: cpu or cuda[:N]")
+    threads: int | None = Field(None, ge=1, description="torch threads of the trainer process")
+    model: ModelConfig
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    data: DataConfig
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: OptimConfig = Field(default_factory=OptimConfig)
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    megatron: dict[str, Any] = Field(default_factory=dict, description="megatron backend settings (its own schema)")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> TrainConfig:
+        batch = self.rollout.batch_size
+        if self.train.mini_batches > self.rollout.prompts_per_step:
+            raise ValueError(
+                f"train.mini_batches ({self.train.mini_batches}) exceeds rollout.prompts_per_step "
+                f"({self.rollout.prompts_per_step}): each mini-batch needs whole groups"
+            )
+        if self.algorithm.advantage_estimator in ("grpo", "dr_grpo", "rloo") and self.rollout.group_size < 2:
+            raise ValueError(
+                f"algorithm.advantage_estimator {self.algorithm.advantage_estimator!r} needs "
+                f"rollout.group_size >= 2 (got {self.rollout.group_size}); every group of one gets advantage 0"
+            )
+        if batch < 1:
+            raise ValueError("rollout batch is empty")
+        if self.algorithm.distill_coef > 0 and not self.teacher.url:
+            raise ValueError("algorithm.distill_coef > 0 needs teacher.url (the teacher engine that scores samples)")
+        if self.eval.envs is not None and self.eval.suite is not None:
+            raise ValueError("give eval.envs or eval.suite, not both")
+        return self
+
+    # -- views --------------------------------------------------------------------------------------
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.output_dir.replace("{run_name}", self.run_name))
+
+    def eval_envs(self) -> list[EnvEntry]:
+        """The envs evaluated (eval.envs, else the training envs); suites resolve in the loop."""
+        return list(self.eval.envs) if self.eval.envs is not None else list(self.data.envs)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# loading, overrides and readable errors
+# ------------------------------------------------------------------------------------------------
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``"train.lr=3e-4"`` -> (["train", "lr"], 0.0003). The value is read as YAML."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
+        raise ConfigError(f"override {item!r}: {key!r} is not a dotted key such as train.lr")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+        value = float(value)  # YAML 1.1 reads "3e-4" as a string
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Set each dotted key in a nested dict (sections are created as needed)."""
+    out = _deep_copy(data)
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(path[: i + 1])} is a value ({child!r}), not a section"
+                )
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def _fix_yaml_floats(data: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; turn such strings back into floats."""
+    if isinstance(data, dict):
+        return {k: _fix_yaml_floats(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_fix_yaml_floats(v) for v in data]
+    if isinstance(data, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", data):
+        return float(data)
+    return data
+
+
+def _fields_at(model: type[BaseModel], path: Sequence[str | int]) -> list[str]:
+    """Field names of the (nested) model at ``path``, for "did you mean" hints."""
+    current: Any = model
+    for part in path:
+        if isinstance(part, int) or not (isinstance(current, type) and issubclass(current, BaseModel)):
+            continue
+        field = current.model_fields.get(str(part))
+        if field is None:
+            return []
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        for arg in list(candidates):
+            candidates.extend(getattr(arg, "__args__", ()))
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return []
+    if isinstance(current, type) and issubclass(current, BaseModel):
+        return list(current.model_fields)
+    return []
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel] = TrainConfig) -> str:
+    """One line per problem: the dotted field, what is wrong, the allowed values, a suggestion."""
+    lines = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"]]
+        where = ".".join(str(p) for p in loc) or "(top level)"
+        kind = err["type"]
+        msg = err["msg"]
+        if kind == "extra_forbidden":
+            name = str(loc[-1])
+            allowed = _fields_at(model, loc[:-1])
+            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            msg = f"unknown field{hint} (allowed: {', '.join(allowed)})" if allowed else "unknown field"
+        elif kind == "literal_error":
+            expected = err.get("ctx", {}).get("expected", "")
+            msg = f"must be one of {expected}"
+        elif kind == "missing":
+            msg = "is required"
+        got = err.get("input")
+        show_input = kind not in ("missing", "model_type") and not isinstance(got, (dict, list))
+        suffix = f" (got {got!r})" if show_input else ""
+        if kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        lines.append(f"  {where}: {msg}{suffix}")
+    return "invalid training config:\n" + "\n".join(lines)
+
+
+def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
+    """Validate a config mapping (plus overrides); raises :class:`ConfigError` with every problem."""
+    merged = _fix_yaml_floats(apply_overrides(dict(data), overrides))
+    try:
+        return TrainConfig.model_validate(merged)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Read a YAML training config, apply ``key.sub=value`` overrides and validate."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {str(file)!r} not found")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return config_from_dict(data, overrides)
+
+
+__all__ = [
+    "EVAL_SEED_FLOOR",
+    "CheckpointConfig",
+    "ConfigError",
+    "DataConfig",
+    "DynamicSampling",
+    "EngineConfig",
+    "EnvEntry",
+    "EvalConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RewardsConfig",
+    "RolloutSection",
+    "TeacherConfig",
+    "TinyModelSpec",
+    "TrainConfig",
+    "WandbConfig",
+    "WarmupConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "format_validation_error",
+    "load_config",
+    "parse_override",
+]

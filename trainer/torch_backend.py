@@ -1,0 +1,311 @@
+"""The plain-PyTorch backend: a Hugging Face causal LM or Qwen-VL model, AdamW, CPU or GPU.
+
+Design choices (see ``docs/training.md``):
+
+* **Padding, not packing.** Each micro-batch is right-padded to its own longest sequence, and
+  rows are grouped by length before cutting (:func:`~relax_gym.trainer.backend.micro_batches`),
+  so padding stays small. Packing several sequences into one row needs a block-diagonal
+  attention mask (flash-attention's varlen kernels, absent on CPU) and per-sequence M-RoPE
+  positions for Qwen-VL; the megatron backend packs, this one keeps the HF forward untouched.
+* **Logits only where they are needed.** The base model returns hidden states; the LM head runs
+  only on positions that predict a loss-mask token. With a 151k-token vocabulary this is the
+  difference between megabytes and gigabytes per micro-batch.
+* **Mixed precision.** ``dtype="bfloat16"`` runs the forward under ``torch.autocast`` while the
+  parameters and AdamW state stay float32 (master weights); logits are upcast before the softmax.
+* **Global normalisers.** ``train_step`` asks the objective for its normaliser over the whole
+  batch first, then sums micro-batch losses (no division by the micro-batch count), so the
+  gradient does not depend on ``micro_batch_size``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from relax_gym.errors import RelaxGymError
+from relax_gym.trainer.algorithms import merge_metrics
+from relax_gym.trainer.backend import (
+    LogprobResult,
+    MicroBatch,
+    Objective,
+    OptimizerSettings,
+    SequenceBatch,
+    TrainerBackend,
+    micro_batches,
+)
+
+#: files copied from the source model folder next to exported weights (tokenizer, processor)
+SIDE_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+    "added_tokens.json", "chat_template.jinja", "chat_template.json", "preprocessor_config.json",
+    "video_preprocessor_config.json", "processor_config.json", "relax_gym_tiny.json",
+)
+
+
+class BackendError(RelaxGymError, RuntimeError):
+    """The backend cannot load a model or a saved state."""
+
+
+def _model_class(config: Any) -> Any:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+
+
+class TorchBackend(TrainerBackend):
+    """An HF model trained with AdamW; see the module docstring."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: Literal["float32", "bfloat16"] = "float32",
+        micro_batch_size: int = 16,
+        logprob_micro_batch_size: int | None = None,
+        gradient_checkpointing: bool = False,
+        optimizer: OptimizerSettings | None = None,
+    ) -> None:
+        from transformers import AutoConfig
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.model_path = Path(model_path)
+        if not (self.model_path / "config.json").is_file():
+            raise BackendError(f"{self.model_path}: not an HF model folder (no config.json)")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.micro_batch_size = micro_batch_size
+        self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
+        self.config = AutoConfig.from_pretrained(str(self.model_path))
+        self.model = _model_class(self.config).from_pretrained(str(self.model_path), dtype=torch.float32)
+        self.model.to(self.device)
+        self.model.config.use_cache = False
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.is_vision = hasattr(self.config, "vision_config")
+        self.image_token_id = getattr(self.config, "image_token_id", None)
+        self.video_token_id = getattr(self.config, "video_token_id", None)
+        text_cfg = self.config.get_text_config(decoder=True)
+        pad = getattr(text_cfg, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.config, "pad_token_id", None)
+        self.pad_token_id = int(pad) if isinstance(pad, int) else 0
+        self._base = self.model.model if hasattr(self.model, "model") else getattr(self.model, self.model.base_model_prefix)
+        self._head = self.model.get_output_embeddings()
+        self.version = 0
+        self.updates = 0  # optimizer updates in the current phase (drives the schedule)
+        self.optim_settings = optimizer or OptimizerSettings()
+        self.optimizer = self._make_optimizer(self.optim_settings)
+
+    # -- optimizer ------------------------------------------------------------------------------
+    def _make_optimizer(self, s: OptimizerSettings) -> torch.optim.Optimizer:
+        decay, no_decay = [], []
+        for name, p in self.model.named_parameters():
+            if not p.requires_grad:
+                continue
+            (no_decay if p.dim() < 2 or "norm" in name.lower() else decay).append(p)
+        groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        fused = self.device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, eps=s.eps, foreach=not fused, fused=fused or None)
+
+    def configure_optimizer(self, settings: OptimizerSettings) -> None:
+        """Start a new phase: fresh AdamW state and schedule (e.g. after the SFT warm-up)."""
+        self.optim_settings = settings
+        self.optimizer = self._make_optimizer(settings)
+        self.updates = 0
+
+    def _apply_lr(self) -> float:
+        lr = self.optim_settings.lr * self.optim_settings.factor(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        if self.dtype == "bfloat16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _inputs(self, sub: SequenceBatch) -> tuple[dict[str, Tensor], Tensor]:
+        """Padded model inputs of a (micro-)batch and the padded ids."""
+        width = max(len(ids) for ids in sub.input_ids)
+        ids = torch.full((len(sub), width), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((len(sub), width), dtype=torch.long)
+        for i, row in enumerate(sub.input_ids):
+            ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            attn[i, : len(row)] = 1
+        inputs: dict[str, Tensor] = {"input_ids": ids, "attention_mask": attn}
+        keys = sorted({k for mm in sub.multimodal for k in mm})
+        for key in keys:
+            parts = [mm[key] for mm in sub.multimodal if key in mm]
+            inputs[key] = torch.cat(parts, dim=0)
+        if self.is_vision:
+            types = torch.zeros_like(ids)
+            if self.image_token_id is not None:
+                types[ids == int(self.image_token_id)] = 1
+            if self.video_token_id is not None:
+                types[ids == int(self.video_token_id)] = 2
+            inputs["mm_token_type_ids"] = types
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+        return inputs, ids
+
+    def _token_logprobs(self, sub: SequenceBatch, *, entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """``[b, T]`` logprobs (and entropies) of the loss-mask tokens of ``sub``; zeros elsewhere."""
+        inputs, ids = self._inputs(sub)
+        b, width = ids.shape
+        mask = sub.padded_mask(width).to(self.device)
+        with self._autocast():
+            hidden = self._base(**inputs, use_cache=False).last_hidden_state
+        predict = mask[:, 1:]  # position t-1 predicts token t
+        h = hidden[:, :-1][predict]
+        with self._autocast():
+            logits = self._head(h)
+        logits = logits.float()
+        if sub.temperature != 1.0:
+            logits = logits / sub.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        targets = ids[:, 1:].to(self.device)[predict]
+        lp = logp_all.gather(-1, targets[:, None]).squeeze(-1)
+        zeros = torch.zeros((b, width - 1), dtype=lp.dtype, device=self.device)
+        out = torch.cat([torch.zeros((b, 1), dtype=lp.dtype, device=self.device), zeros.masked_scatter(predict, lp)], 1)
+        ent = None
+        if entropy:
+            e = -(logp_all.exp() * logp_all).sum(-1)
+            ent = torch.cat([torch.zeros((b, 1), dtype=e.dtype, device=self.device), zeros.masked_scatter(predict, e)], 1)
+        return out, ent
+
+    # -- the interface ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def compute_logprobs(self, batch: SequenceBatch, *, entropy: bool = False) -> LogprobResult:
+        self.model.eval()
+        logprobs: list[Tensor | None] = [None] * len(batch)
+        entropies: list[Tensor | None] = [None] * len(batch)
+        for rows in micro_batches(batch, self.logprob_micro_batch_size):
+            lp, ent = self._token_logprobs(batch.select(rows), entropy=entropy)
+            for j, i in enumerate(rows):
+                n = len(batch.input_ids[i])
+                logprobs[i] = lp[j, :n].cpu()
+                if ent is not None:
+                    entropies[i] = ent[j, :n].cpu()
+        return LogprobResult(
+            logprobs=[t for t in logprobs if t is not None],
+            entropies=[t for t in entropies if t is not None] if entropy else None,
+        )
+
+    def train_step(self, batch: SequenceBatch, objective: Objective) -> dict[str, float]:
+        if len(batch) == 0:
+            raise ValueError("train_step needs a non-empty batch")
+        self.model.train()
+        normalizer = objective.normalizer(batch)  # global: before any micro-batch
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self._apply_lr()
+        merged: dict[str, Tensor] = {}
+        for rows in micro_batches(batch, self.micro_batch_size):
+            sub = batch.select(rows)
+            lp, ent = self._token_logprobs(sub, entropy=objective.needs_entropy)
+            mb = MicroBatch.from_batch(batch, rows)
+            out = objective.loss(_to(mb, self.device), lp, ent, normalizer)
+            out.loss.backward()
+            merged = merge_metrics(merged, out.metrics)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        clip = self.optim_settings.grad_clip
+        if clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        else:
+            grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in params]))
+        metrics = {k: float(v) for k, v in merged.items()}
+        metrics["grad_norm"] = float(grad_norm)
+        if not math.isfinite(metrics["grad_norm"]):
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics["skipped_update"] = 1.0  # a non-finite gradient never reaches the weights
+        else:
+            self.optimizer.step()
+            self.updates += 1
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(lr=lr, num_tokens=float(normalizer.num_tokens), num_seqs=float(len(batch)))
+        return metrics
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            ptr = tensor.data_ptr()
+            if ptr in seen:  # a tied duplicate (lm_head = embeddings)
+                continue
+            seen.add(ptr)
+            yield name, tensor.detach()
+
+    def save_pretrained(self, path: str | Path) -> Path:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(out))
+        for name in SIDE_FILES:
+            src = self.model_path / name
+            if src.is_file() and src.resolve() != (out / name).resolve():
+                shutil.copyfile(src, out / name)
+        return out
+
+    def save_state(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({n: t.contiguous().cpu() for n, t in self.named_weights()}, str(out / "model.safetensors"))
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / "optimizer.pt")
+        (out / "backend.json").write_text(json.dumps({
+            "version": self.version, "updates": self.updates, "dtype": self.dtype,
+            "optimizer_settings": {**self.optim_settings.__dict__, "betas": list(self.optim_settings.betas)},
+        }, indent=2), encoding="utf-8")
+
+    def load_state(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        src = Path(path)
+        if not (src / "model.safetensors").is_file():
+            raise BackendError(f"{src}: no model.safetensors (not a saved backend state)")
+        weights = load_file(str(src / "model.safetensors"))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        tied = {n for n, _ in self.model.state_dict().items()} - set(weights)
+        real_missing = [m for m in missing if m not in tied or not self._is_tied(m)]
+        if unexpected or real_missing:
+            raise BackendError(f"{src}: state does not fit the model (missing {real_missing[:5]}, unexpected {unexpected[:5]})")
+        meta = json.loads((src / "backend.json").read_text(encoding="utf-8"))
+        settings = dict(meta["optimizer_settings"])
+        settings["betas"] = tuple(settings["betas"])
+        self.configure_optimizer(OptimizerSettings(**settings))
+        if (src / "optimizer.pt").is_file():
+            state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = int(meta["updates"])
+        self.version = int(meta["version"])
+
+    def _is_tied(self, name: str) -> bool:
+        emb = self.model.get_input_embeddings()
+        head = self.model.get_output_embeddings()
+        return head is not None and emb is not None and head.weight is emb.weight and name.endswith("lm_head.weight")
+
+
+def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    def move(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(device)
+
+    return MicroBatch(
+        rows=mb.rows,
+        loss_mask=mb.loss_mask.to(device),
+        advantages=move(mb.advantages),
+        old_logprobs=move(mb.old_logprobs),
+        rollout_logprobs=move(mb.rollout_logprobs),
+        ref_logprobs=move(mb.ref_logprobs),
+    )
+
+
+__all__ = ["SIDE_FILES", "BackendError", "TorchBackend"]
