@@ -1,0 +1,538 @@
+"""The colocate training loop: generate, then train, then sync weights -- strictly on-policy.
+
+One RL step, top to bottom (:meth:`Trainer.rl_step`):
+
+1. **rollout** -- draw ``prompts_per_step`` env seeds, run ``group_size`` episodes each on the
+   engines (the rollout manager: multi-turn, token-in/token-out);
+2. **reward** -- score them with the reward composer (the env's reward by default), drop
+   untrainable samples and failed rewards; with dynamic sampling drop zero-variance groups and
+   draw more seeds until the batch is full (at most ``max_rounds`` rounds);
+3. **logprob** -- advantages over the whole batch; the proximal policy's logprobs when the step
+   makes more than one update (mini-batches or epochs), the reference's for a KL term, the
+   teacher's for distillation;
+4. **train** -- ``mini_batches`` x ``epochs`` optimizer updates, each over whole groups, cut into
+   micro-batches inside the backend with the global normaliser;
+5. **sync** -- push the weights to every engine (in memory or through the disk), flush caches.
+
+Around the steps: the warm-up SFT phase, held-out evaluation every ``eval.every`` steps, atomic
+checkpoints (``--resume`` continues exactly), metrics/TensorBoard/progress, sample dumps and the
+curve PNG. See ``docs/training.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax_gym.rewards import RewardComposer
+from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, TrainerBackend
+from relax_gym.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from relax_gym.trainer.config import EnvEntry, TrainConfig
+from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
+from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+
+from .batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
+from .data import EpisodeSampler, envs_of_suite, eval_specs, suite_specs
+from .engines import EngineFleet
+
+log = logging.getLogger("relax_gym.trainer")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def prepare_model(config: TrainConfig, out_dir: Path) -> Path:
+    """The HF folder the run starts from: ``model.path``, or a tiny model built into
+    ``<out>/base_model`` (rebuilt only when its spec changed)."""
+    if config.model.path is not None:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path {str(path)!r} is not an HF model folder (no config.json)")
+        return path
+    spec = config.model.build
+    assert spec is not None
+    folder = out_dir / "base_model"
+    stamp = folder / "relax_gym_build_spec.json"
+    wanted = spec.model_dump(mode="json")
+    if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted:
+        return folder
+    from relax_gym.trainer.models import build_tiny_model
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    build_tiny_model(spec.kind, folder, seed=spec.seed, tokenizer=spec.tokenizer, vision=spec.vision or None,
+                     image_min_pixels=spec.image_min_pixels, image_max_pixels=spec.image_max_pixels, **spec.text)
+    stamp.write_text(json.dumps(wanted, indent=2), encoding="utf-8")
+    return folder
+
+
+def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
+    """The configured backend over ``model_path``."""
+    if config.backend == "megatron":
+        try:
+            from relax_gym.trainer.megatron.backend import create_backend  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise RuntimeError(f"backend 'megatron' is not available: {exc}") from None
+        return create_backend(config, model_path)  # type: ignore[no-any-return]
+    from relax_gym.trainer.torch_backend import TorchBackend
+
+    return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,
+                        micro_batch_size=config.train.micro_batch_size,
+                        gradient_checkpointing=config.model.gradient_checkpointing)
+
+
+def config_hash(config: TrainConfig) -> str:
+    """Hash of what must not change across a resume (the rest -- steps, logging -- may)."""
+    keep = config.model_dump(mode="json", include={"model", "data", "rollout", "algorithm", "rewards", "seed"})
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class RunSummary:
+    out_dir: Path
+    steps: int
+    final_eval: dict[str, float]
+    first_eval: dict[str, float]
+    elapsed_s: float
+    curves: Path | None
+
+
+class Trainer:
+    """A whole training run (warm-up SFT, then RL) in colocate mode."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False, rl: bool = True) -> None:
+        self.config = config
+        self.resume = resume
+        self.do_rl = rl
+        self.out = config.out_dir
+        self.state = TrainerState()
+        self.buffer: list[Trajectory] = []
+        self._synced_version = 0  # backend.version the engines serve
+        self.first_eval: dict[str, float] = {}
+        self.last_eval: dict[str, float] = {}
+        self._eval_version: int | None = None  # weight version last_eval was measured at
+
+    # ============================================================================================
+    # set-up and tear-down
+    # ============================================================================================
+    def _setup(self) -> None:
+        c = self.config
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "config.yaml").write_text(c.to_yaml(), encoding="utf-8")
+        if c.threads:
+            torch.set_num_threads(c.threads)
+        seed_everything(c.seed, c.deterministic)
+        self.model_path = prepare_model(c, self.out)
+        self.backend = make_backend(c, self.model_path)
+        self.codec = ChatCodec.from_pretrained(self.model_path, template_kwargs=dict(c.model.template_kwargs))
+        self.processor = self.codec.vision.image_processor if self.codec.vision is not None else None
+        self.train_envs = envs_of_suite(c.data.suite) if c.data.suite else list(c.data.envs)
+        self.sampler = EpisodeSampler(self.train_envs, seed=c.seed, seed_start=c.data.seed_start,
+                                      seed_count=c.data.seed_count)
+        if c.eval.suite:
+            self.eval_episodes = suite_specs(c.eval.suite, c.eval.episodes)
+        else:
+            envs = c.eval.envs if c.eval.envs is not None else self.train_envs
+            self.eval_episodes = eval_specs(envs, c.eval.episodes, c.eval.seed_start)
+        self.composer = RewardComposer(c.rewards.entries, per_env=c.rewards.per_env or None,
+                                       timeout_s=c.rewards.timeout_s)
+        self.state.config_hash = config_hash(c)
+        self.warmup = None
+        if c.warmup.enabled:
+            from relax_gym.trainer.sft import WarmupPhase
+
+            warm_sampler = EpisodeSampler(self.train_envs, seed=c.seed + 1, seed_start=c.warmup.seed_start,
+                                          seed_count=min(c.data.seed_count, 400_000_000))
+            self.warmup = WarmupPhase(c.warmup, self.backend, self.codec, warm_sampler, self.processor,
+                                      evaluate=self._warmup_eval, log=self._log,
+                                      max_total_tokens=c.rollout.max_total_tokens,
+                                      system_prompt=c.rollout.system_prompt)
+        if self.resume:
+            self._restore()
+
+    def _restore(self) -> None:
+        folder = latest_checkpoint(self.out)
+        if folder is None:
+            raise FileNotFoundError(f"--resume: no complete checkpoint under {self.out / 'checkpoints'}")
+        state, buffer = load_checkpoint(folder, self.backend)
+        if state.config_hash and state.config_hash != self.state.config_hash:
+            raise ValueError(
+                f"--resume: {folder} was written by a run with a different model/data/rollout/algorithm/rewards "
+                "config; start a new output_dir or restore the original config"
+            )
+        self.state = state
+        self.buffer = buffer
+        self.sampler.load_state_dict(state.sampler)
+        if self.warmup is not None:
+            self.warmup.load_state_dict(state.extra.get("warmup", {}))
+        self.first_eval = dict(state.extra.get("first_eval", {}))
+        self.last_eval = dict(state.extra.get("last_eval", {}))
+        self._synced_version = -1  # fresh engines serve the starting model: push the restored weights
+        log.warning("resumed from %s (RL step %d, warm-up step %d)", folder, state.step, state.warmup_step)
+
+    async def _start_engines(self) -> None:
+        c = self.config
+        self.fleet = EngineFleet(c.engine, self.model_path, self.out / "engines", seed=c.seed)
+        await asyncio.to_thread(self.fleet.start)
+        self.router = await EngineRouter(self.fleet.urls, api_key=self.fleet.api_key,
+                                         request_timeout_s=c.rollout.request_timeout_s).start()
+        from relax_gym.trainer.weight_sync import WeightSync
+
+        path = c.engine.sync
+        if path == "auto":
+            path = "tensor" if self.fleet.embedded else "disk"
+        self.weight_sync = WeightSync(self.backend, self.router, path=path, staging_dir=self.out / "weights",
+                                      api_key=self.fleet.api_key, bucket_bytes=c.engine.sync_bucket_mb << 20)
+        self.teacher = None
+        if c.algorithm.distill_coef > 0 and c.teacher.url:
+            from relax_gym.protocol import EngineClient
+
+            self.teacher = EngineClient(c.teacher.url, api_key=c.teacher.api_key, timeout_s=c.teacher.timeout_s)
+
+    async def _stop_engines(self) -> None:
+        router = getattr(self, "router", None)
+        if router is not None:
+            await router.close()
+        if getattr(self, "teacher", None) is not None:
+            await self.teacher.aclose()
+        fleet = getattr(self, "fleet", None)
+        if fleet is not None:
+            await asyncio.to_thread(fleet.stop)
+
+    # ============================================================================================
+    # helpers: logging, rollout, sync, eval, checkpoints
+    # ============================================================================================
+    def _log(self, step: int, metrics: dict[str, float], phase: str) -> None:
+        self.logger.log(step, metrics, phase=phase)
+        if phase == "warmup":
+            self.logger.show(self.state.step, {"sft_step": step, "sft_loss": metrics.get("loss", float("nan"))})
+
+    def _rollout_config(self, *, evaluation: bool = False) -> RolloutConfig:
+        r = self.config.rollout
+        e = self.config.eval
+        return RolloutConfig(
+            concurrency=r.concurrency,
+            group_size=1 if evaluation else r.group_size,
+            max_turns=r.max_turns,
+            max_total_tokens=r.max_total_tokens,
+            max_new_tokens=(e.max_new_tokens or r.max_new_tokens) if evaluation else r.max_new_tokens,
+            temperature=e.temperature if evaluation else r.temperature,
+            top_p=1.0 if evaluation else r.top_p,
+            sampling_seed=self.config.seed,
+            system_prompt=r.system_prompt,
+            think_policy=r.think_policy,
+            request_timeout_s=r.request_timeout_s,
+        )
+
+    async def _generate(self, specs: list[EpisodeSpec], tag: str, *, evaluation: bool = False) -> list[Trajectory]:
+        manager = RolloutManager(self.router, self.codec, self._rollout_config(evaluation=evaluation))
+        # Episode ids (and so the per-request sampling seeds derived from them) depend only on
+        # the run seed and this tag, not on a random run id: a resumed run samples what the
+        # uninterrupted run would have.
+        manager._run_id = f"{self.config.seed}-{tag}"  # noqa: SLF001
+        return await manager.generate(specs)
+
+    async def ensure_synced(self) -> dict[str, float]:
+        """Push the backend's weights to the engines if they changed since the last push."""
+        if self.backend.version == self._synced_version:
+            return {}
+        self.state.weight_version += 1
+        result = await self.weight_sync.push(self.state.weight_version)
+        self._synced_version = self.backend.version
+        return result.metrics()
+
+    async def evaluate(self) -> dict[str, float]:
+        """Held-out success and reward with the current weights (synced first)."""
+        await self.ensure_synced()
+        if self._eval_version == self.state.weight_version and self.last_eval:
+            return dict(self.last_eval)  # same weights, same episodes: same result
+        start = time.perf_counter()
+        trajs = await self._generate(list(self.eval_episodes), f"eval-v{self.state.weight_version}", evaluation=True)
+        ok = [t for t in trajs if t.stop_reason not in ("engine_error", "aborted")]
+        metrics: dict[str, float] = {
+            "success": float(np.mean([t.success for t in ok])) if ok else 0.0,
+            "reward_mean": float(np.mean([t.reward for t in ok])) if ok else 0.0,
+            "episodes": float(len(ok)),
+            "failed_episodes": float(len(trajs) - len(ok)),
+            "response_tokens_mean": float(np.mean([t.num_sampled_tokens for t in ok])) if ok else 0.0,
+            "seconds": time.perf_counter() - start,
+        }
+        envs = sorted({t.env_id for t in ok})
+        if len(envs) > 1:
+            for env_id in envs:
+                mine = [t.success for t in ok if t.env_id == env_id]
+                metrics[f"success/{env_id}"] = float(np.mean(mine))
+        self.last_eval = metrics
+        self._eval_version = self.state.weight_version
+        if not self.first_eval:
+            self.first_eval = dict(metrics)
+        return metrics
+
+    async def _warmup_eval(self, sft_step: int) -> dict[str, float]:
+        metrics = await self.evaluate()
+        self.logger.log(sft_step, metrics, phase="warmup_eval")
+        self.logger.message(f"warm-up step {sft_step}: held-out success {metrics['success']:.3f}")
+        return metrics
+
+    def _checkpoint(self, name: str) -> Path:
+        self.state.sampler = self.sampler.state_dict()
+        self.state.elapsed_s = self.logger.elapsed_s
+        self.state.extra["first_eval"] = self.first_eval
+        self.state.extra["last_eval"] = self.last_eval
+        if self.warmup is not None:
+            self.state.warmup_step = self.warmup.step
+            self.state.warmup_done = self.warmup.done
+            self.state.extra["warmup"] = self.warmup.state_dict()
+        c = self.config.checkpoint
+        return save_checkpoint(self.out, name, self.backend, self.state, buffer=self.buffer,
+                               keep_last=c.keep_last, save_optimizer=c.save_optimizer)
+
+    # ============================================================================================
+    # one RL step
+    # ============================================================================================
+    async def _score(self, trajs: list[Trajectory]) -> list[ScoredSample]:
+        results = await self.composer.score(reward_inputs(trajs))
+        return [ScoredSample(t, r.total, r) for t, r in zip(trajs, results, strict=True)]
+
+    async def rl_step(self, step: int) -> dict[str, float]:
+        c = self.config
+        timer = PhaseTimer()
+        want = c.rollout.prompts_per_step
+        ds = c.train.dynamic_sampling
+        kept: list[list[ScoredSample]] = []
+        all_trajs: list[Trajectory] = []
+        dropped: dict[str, int] = {}
+        rounds = 0
+        # groups buffered by an earlier step's extra sampling come first
+        if self.buffer:
+            with timer.phase("reward"):
+                sel = select_groups(await self._score(self.buffer), failed_reward=c.rewards.failed,
+                                    drop_zero_variance=ds.enabled)
+            kept.extend(sel.kept)
+            self.buffer = []
+        while len(kept) < want and rounds < (ds.max_rounds if ds.enabled else 1):
+            need = want - len(kept)
+            specs = self.sampler.next(need, tag=f"s{step}r{rounds}:")
+            with timer.phase("rollout"):
+                trajs = await self._generate(specs, f"s{step}r{rounds}")
+            all_trajs.extend(trajs)
+            with timer.phase("reward"):
+                sel = select_groups(await self._score(trajs), failed_reward=c.rewards.failed,
+                                    drop_zero_variance=ds.enabled)
+            for reason, n in sel.dropped.items():
+                dropped[reason] = dropped.get(reason, 0) + n
+            kept.extend(sel.kept)
+            rounds += 1
+        if len(kept) > want:  # keep whole extra groups for the next step rather than waste them
+            self.buffer = [s.traj for g in kept[want:] for s in g]
+            kept = kept[:want]
+        samples = [s for g in kept for s in g]
+        metrics = self._rollout_metrics(all_trajs, samples, dropped, rounds)
+        if not samples:
+            metrics["train/skipped_step"] = 1.0
+            metrics.update(timer.metrics())
+            return metrics
+
+        with timer.phase("logprob"):
+            batch = await asyncio.to_thread(to_sequence_batch, samples, self.processor,
+                                            temperature=c.rollout.temperature)
+            rewards = [float(s.reward) for s in samples]  # type: ignore[arg-type]
+            ref = None
+            if c.algorithm.kl_loss_coef > 0 or c.algorithm.kl_reward_coef > 0:
+                ref = (await asyncio.to_thread(self._reference().compute_logprobs, batch)).logprobs
+                batch.ref_logprobs = ref
+            teacher = None
+            if self.teacher is not None:
+                from .teacher import teacher_logprobs
+
+                teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
+            metrics.update(attach_advantages(batch, rewards, c.algorithm, ref_logprobs=ref, teacher_logprobs=teacher))
+            updates = c.train.mini_batches * c.train.epochs
+            if updates > 1:
+                batch.old_logprobs = (await asyncio.to_thread(self.backend.compute_logprobs, batch)).logprobs
+
+        with timer.phase("train"):
+            objective = PolicyObjective(c.algorithm)
+            merged: dict[str, list[float]] = {}
+            for _epoch in range(c.train.epochs):
+                for rows in split_by_groups(batch.group_ids, c.train.mini_batches):
+                    out = await asyncio.to_thread(self.backend.train_step, batch.select(rows), objective)
+                    for k, v in out.items():
+                        merged.setdefault(k, []).append(v)
+            for k, values in merged.items():
+                agg = max(values) if k.endswith("_max") else min(values) if k.endswith("_min") else float(np.mean(values))
+                metrics[f"train/{k}"] = agg
+            metrics["train/updates"] = float(sum(1 for _ in merged.get("loss", [])))
+
+        with timer.phase("sync"):
+            metrics.update(await self.ensure_synced())
+        if c.logging.dump_samples and step % c.logging.dump_every == 0:
+            self._dump(step, samples, batch)
+        metrics.update(timer.metrics())
+        return metrics
+
+    def _rollout_metrics(self, trajs: list[Trajectory], samples: list[ScoredSample], dropped: dict[str, int],
+                         rounds: int) -> dict[str, float]:
+        m: dict[str, float] = {"rollout/rounds": float(rounds), "rollout/episodes": float(len(trajs)),
+                               "rollout/trained_samples": float(len(samples)),
+                               "rollout/buffered_samples": float(len(self.buffer))}
+        if trajs:
+            m["rollout/success"] = float(np.mean([t.success for t in trajs]))
+            m["rollout/env_reward_mean"] = float(np.mean([t.reward for t in trajs]))
+            m["rollout/response_tokens_mean"] = float(np.mean([t.num_sampled_tokens for t in trajs]))
+            m["rollout/turns_mean"] = float(np.mean([len(t.turns) for t in trajs]))
+            m["rollout/truncated_frac"] = float(np.mean([bool(t.turns) and t.turns[-1].finish_reason == "length"
+                                                         for t in trajs]))
+            for reason in sorted({t.stop_reason for t in trajs}):
+                m[f"rollout/stop/{reason}"] = float(sum(t.stop_reason == reason for t in trajs))
+        if samples:
+            rewards = [float(s.reward) for s in samples if s.reward is not None]
+            m["rollout/reward_mean"] = float(np.mean(rewards))
+            m["rollout/reward_std"] = float(np.std(rewards))
+            comps: dict[str, list[float]] = {}
+            for s in samples:
+                if s.result is not None:
+                    for k, v in s.result.components.items():
+                        comps.setdefault(k, []).append(v)
+            for k, values in comps.items():
+                m[f"reward/{k}"] = float(np.mean(values))
+        for reason, n in dropped.items():
+            m[f"rollout/dropped/{reason}"] = float(n)
+        return m
+
+    def _dump(self, step: int, samples: list[ScoredSample], batch: Any) -> None:
+        n = self.config.logging.dump_samples
+        records = []
+        for i, s in enumerate(samples[:n]):
+            adv = batch.advantages[i] if batch.advantages is not None else None
+            mask = torch.tensor(batch.loss_mask[i], dtype=torch.bool)
+            a = float(adv[mask].mean()) if adv is not None and mask.any() else None
+            records.append(sample_record(s.traj, self.codec.decode, reward=s.reward,
+                                         reward_components=s.result.components if s.result else None, advantage=a))
+        dump_samples(self.out, step, records)
+
+    def _reference(self) -> TrainerBackend:
+        ref = getattr(self, "_ref_backend", None)
+        if ref is None:
+            folder = self.out / "reference_model"
+            if not (folder / "config.json").is_file():
+                self.backend.save_pretrained(folder)
+            ref = self._ref_backend = make_backend(self.config, folder)
+        return ref
+
+    # ============================================================================================
+    # the run
+    # ============================================================================================
+    async def run(self) -> RunSummary:
+        self._setup()
+        c = self.config
+        self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
+                                wandb=c.logging.wandb.model_dump() if c.logging.wandb.enabled else None,
+                                run_name=c.run_name, config=c.model_dump(mode="json"), total_steps=c.train.steps,
+                                initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
+        try:
+            await self._start_engines()
+            await self._run_phases()
+        finally:
+            await self._stop_engines()
+            self.logger.close()
+        curves = None
+        if c.logging.plot:
+            curves = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png", title=c.run_name)
+        summary = RunSummary(self.out, self.state.step, self.last_eval, self.first_eval, self.logger.elapsed_s, curves)
+        (self.out / "summary.json").write_text(json.dumps({
+            "steps": summary.steps, "first_eval": summary.first_eval, "final_eval": summary.final_eval,
+            "elapsed_s": round(summary.elapsed_s, 2), "curves": str(curves) if curves else None,
+        }, indent=2), encoding="utf-8")
+        return summary
+
+    async def _run_phases(self) -> None:
+        c = self.config
+        if self.state.phase == "done" and self.state.step >= c.train.steps:
+            self.logger.message(f"{self.out}: this run already finished ({self.state.step} RL steps)")
+            return
+        # -- warm-up (SFT) ---------------------------------------------------------------------
+        if self.warmup is not None and not self.warmup.done:
+            if self.warmup.step == 0 and not self.resume:
+                self.backend.configure_optimizer(self.warmup.settings())
+                if c.eval.at_start:
+                    await self._warmup_eval(0)
+            await self.warmup.run(on_step=self._warmup_checkpoint)
+            metrics = await self._warmup_eval(self.warmup.step)
+            self.logger.message(f"warm-up finished after {self.warmup.step} steps: held-out success "
+                                f"{metrics['success']:.3f}")
+            if c.warmup.save_to:
+                self.backend.save_pretrained(c.warmup.save_to)
+            self.state.phase = "rl"
+            self._checkpoint(f"warmup_{self.warmup.step:06d}")
+        if not self.do_rl:
+            return
+        # -- RL ----------------------------------------------------------------------------------
+        if self.state.step == 0 and self.state.phase != "rl_started":
+            self.backend.configure_optimizer(OptimizerSettings(
+                lr=c.train.lr, weight_decay=c.train.weight_decay, betas=c.train.betas, eps=c.train.eps,
+                warmup_steps=c.train.lr_warmup_steps, schedule=c.train.lr_schedule,
+                total_steps=c.train.steps * c.train.mini_batches * c.train.epochs, grad_clip=c.train.grad_clip))
+            self.state.phase = "rl_started"
+            if c.eval.at_start or self.warmup is not None:
+                metrics = await self.evaluate()
+                self.logger.log(0, metrics, phase="eval")
+                self.logger.message(f"RL start: held-out success {metrics['success']:.3f}")
+        await self.ensure_synced()
+        while self.state.step < c.train.steps:
+            step = self.state.step + 1
+            metrics = await self.rl_step(step)
+            self.state.step = step
+            self.logger.log(step, metrics, phase="train")
+            headline = {"reward": metrics.get("rollout/reward_mean", float("nan")),
+                        "success": metrics.get("rollout/success", float("nan")),
+                        "step_s": metrics.get("time/step", float("nan"))}
+            if c.eval.every and step % c.eval.every == 0 and step < c.train.steps:
+                ev = await self.evaluate()
+                self.logger.log(step, ev, phase="eval")
+                headline["eval_success"] = ev["success"]
+            elif self.last_eval:
+                headline["eval_success"] = self.last_eval.get("success", float("nan"))
+            self.logger.show(step, headline)
+            if c.checkpoint.every and step % c.checkpoint.every == 0 and step < c.train.steps:
+                self._checkpoint(f"step_{step:06d}")
+        # -- the end -----------------------------------------------------------------------------
+        if c.train.steps > 0:
+            ev = await self.evaluate()
+            self.logger.log(self.state.step, ev, phase="eval")
+            self.logger.message(f"final: held-out success {ev['success']:.3f} after {self.state.step} RL steps")
+        self.state.phase = "done"
+        self._checkpoint(f"step_{self.state.step:06d}")
+        if c.checkpoint.export_hf:
+            await asyncio.to_thread(self.backend.save_pretrained, self.out / "final_model")
+
+    async def _warmup_checkpoint(self, sft_step: int) -> None:
+        every = self.config.checkpoint.every
+        if every and sft_step % every == 0:
+            self._checkpoint(f"warmup_{sft_step:06d}")
+
+
+def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunSummary:
+    """Run a training run to the end (blocking)."""
+    return asyncio.run(Trainer(config, resume=resume, rl=rl).run())
+
+
+__all__ = ["RunSummary", "Trainer", "config_hash", "make_backend", "prepare_model", "seed_everything", "train"]

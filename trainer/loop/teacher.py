@@ -1,0 +1,52 @@
+"""Teacher logprobs for on-policy distillation, scored through the engine protocol.
+
+The teacher sees each student sample's exact tokens (and images) as a prompt with
+``max_new_tokens=0`` and ``return_logprob=True`` from the first response token
+(``logprob_start_len = prompt_length``); SGLang answers with ``meta_info.input_token_logprobs``,
+one ``[logprob, token_id, text]`` triple per prompt token from that position. The result is
+aligned with the sample's tokens (0 where the loss mask is 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from relax_gym.media import image_to_data_url
+from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
+from relax_gym.trainer.rollout import Trajectory
+
+
+async def teacher_logprobs(client: EngineClient, trajectories: list[Trajectory], *, concurrency: int = 16,
+                           timeout_s: float = 300.0) -> list[torch.Tensor]:
+    """Per-token teacher logprobs for each trajectory (raises EngineError on a malformed reply)."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(t: Trajectory) -> torch.Tensor:
+        start = t.prompt_length
+        req = GenerateRequest(
+            input_ids=list(t.token_ids),
+            image_data=[image_to_data_url(p.image) for p in t.images] or None,
+            sampling_params=SamplingParams(max_new_tokens=0, temperature=1.0),
+            return_logprob=True, logprob_start_len=start,
+        )
+        async with sem:
+            reply = await client.generate(req, timeout_s=timeout_s)
+        triples = reply.meta_info.input_token_logprobs
+        if triples is None:
+            raise EngineError(client.base_url, "the teacher returned no input_token_logprobs")
+        out = torch.zeros(len(t.token_ids), dtype=torch.float32)
+        for offset, triple in enumerate(triples):
+            pos = start + offset
+            if pos >= len(out) or not t.loss_mask[pos]:
+                continue
+            if triple[0] is None or int(triple[1]) != t.token_ids[pos]:
+                raise EngineError(client.base_url, f"teacher logprob misaligned at token {pos}")
+            out[pos] = float(triple[0])
+        return out
+
+    return list(await asyncio.gather(*(one(t) for t in trajectories)))
+
+
+__all__ = ["teacher_logprobs"]
