@@ -48,6 +48,9 @@ class MegatronConfig(BaseModel):
         512.0, gt=0, description="Upper bound of one streamed bucket of HF tensors, in MiB."
     )
     seed: int = Field(1234, description="Seed of Megatron's model-parallel RNG tracker (GPU).")
+    distributed_optimizer: bool = Field(
+        False, description="Shard the optimizer state over data-parallel ranks (ZeRO-1)."
+    )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -213,7 +216,9 @@ def transformer_config(dims: ModelDims, cfg: MegatronConfig) -> Any:
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         pipeline_dtype=dtype,
-        mrope_section=list(dims.mrope_section) if dims.mrope_section else None,
+        # GPTModel's mRoPE path (the one that reads position ids) asserts a section; text
+        # models put every frequency on the first axis (see rope.py).
+        mrope_section=list(dims.mrope_section or (dims.head_dim // 2, 0, 0)),
         use_cpu_initialization=not torch.cuda.is_available(),
         init_method_std=0.02,
     )

@@ -51,17 +51,21 @@ def destroy_model_parallel() -> None:
     parallel_state.destroy_model_parallel()
 
 
-def build_gpt_model(dims: ModelDims, cfg: MegatronConfig) -> Any:
+def build_gpt_model(dims: ModelDims, cfg: MegatronConfig, config: Any | None = None) -> Any:
     """A ``GPTModel`` for this pipeline stage, shaped like the HF model ``dims`` describes.
 
+    Forward: ``model(input_ids [b, s], position_ids, attention_mask)`` where ``position_ids``
+    is ``[b, s]`` (text) or ``[3, b, s]`` (Qwen3-VL) and ``attention_mask`` is None (causal)
+    or a bool ``[b, 1, s, s]`` mask, True where attention is blocked (packed sequences).
     The output layer keeps logits split over TP ranks (``parallel_output=True``); use
     ``logprobs.vocab_parallel_logprobs`` on them instead of gathering the full vocabulary.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from relax_gym.trainer.megatron.rope import PositionRotaryEmbedding
 
-    config = transformer_config(dims, cfg)
+    config = config or transformer_config(dims, cfg)
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")
     model = GPTModel(
         config=config,
@@ -72,15 +76,15 @@ def build_gpt_model(dims: ModelDims, cfg: MegatronConfig) -> Any:
         post_process=parallel_state.is_pipeline_last_stage(),
         parallel_output=True,
         share_embeddings_and_output_weights=dims.tied_embeddings,
-        position_embedding_type="mrope" if dims.mrope_section else "rope",
+        # The mRoPE path is the one that reads position_ids (see rope.py).
+        position_embedding_type="mrope",
         rotary_base=dims.rope_theta,  # HF thetas are floats; Megatron only uses it in a pow
     )
-    if dims.mrope_section:
-        from relax_gym.trainer.megatron.rope import InterleavedMRotaryEmbedding
-
-        model.rotary_pos_emb = InterleavedMRotaryEmbedding(
-            kv_channels=config.kv_channels, rotary_base=dims.rope_theta
-        )
+    model.rotary_pos_emb = PositionRotaryEmbedding(
+        kv_channels=config.kv_channels,
+        rotary_base=dims.rope_theta,
+        mrope_section=dims.mrope_section,
+    )
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model

@@ -21,11 +21,13 @@ import itertools
 from typing import Any
 
 import torch
+from megatron.core.transformer.module import MegatronModule
 from relax_gym.trainer.megatron.bridge import Bucket
 from relax_gym.trainer.megatron.config import (
     MegatronBridgeError,
     MegatronConfig,
     dims_from_hf_config,
+    transformer_config,
 )
 from relax_gym.trainer.megatron.model import build_gpt_model
 from relax_gym.trainer.megatron.sources import TensorSource
@@ -89,20 +91,26 @@ def mrope_position_ids(
     return positions
 
 
-class Qwen3VLMegatron(torch.nn.Module):
-    """Qwen3-VL for Megatron training: ``language_model`` (GPTModel) + ``visual`` (HF module)."""
+class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
+    """Qwen3-VL for Megatron training: ``language_model`` (GPTModel) + ``visual`` (HF module).
+
+    A ``MegatronModule``, so Megatron's DDP, optimizer and distributed checkpoints handle it
+    (the vision tower's parameters are saved as replicated tensors).
+    """
 
     def __init__(self, hf_config: Any, cfg: MegatronConfig) -> None:
-        super().__init__()
         from megatron.core import parallel_state
         from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
         if getattr(hf_config, "model_type", None) != "qwen3_vl":
             raise MegatronBridgeError("Qwen3VLMegatron needs a Qwen3VLConfig")
-        self.dims = dims_from_hf_config(hf_config)
+        dims = dims_from_hf_config(hf_config)
+        config = transformer_config(dims, cfg)
+        super().__init__(config=config)
+        self.dims = dims
         self.image_token_id = int(hf_config.image_token_id)
         self.spatial_merge_size = int(hf_config.vision_config.spatial_merge_size)
-        self.language_model = build_gpt_model(self.dims, cfg)
+        self.language_model = build_gpt_model(self.dims, cfg, config=config)
         self.pre_process = parallel_state.is_pipeline_first_stage()
         self.visual = None
         if self.pre_process:
@@ -134,19 +142,26 @@ class Qwen3VLMegatron(torch.nn.Module):
 
         return hook
 
+    def set_input_tensor(self, input_tensor: Any) -> None:
+        """Pipeline stages > 0 receive hidden states instead of embeddings (Megatron schedules)."""
+        self.language_model.set_input_tensor(input_tensor)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor | None = None,
         pixel_values: torch.Tensor | None = None,
         image_grid_thw: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         pixel_values_videos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Vocab-parallel logits ``[b, s, vocab/tp]`` (or hidden states on non-last stages).
 
-        ``attention_mask`` is the HF-style ``[b, s]`` padding mask; it only shapes the
-        position ids (right padding never influences earlier tokens under causal attention).
+        ``padding_mask`` is the HF-style ``[b, s]`` mask (1 = real token); it only shapes the
+        default position ids (right padding never influences earlier tokens under causal
+        attention). ``attention_mask`` is Megatron's bool ``[b, 1, s, s]`` (True = blocked),
+        e.g. block-diagonal for packed sequences; None means causal.
         """
         if pixel_values_videos is not None:
             raise MegatronBridgeError("video inputs are not supported by the Megatron Qwen3-VL yet")
@@ -156,7 +171,7 @@ class Qwen3VLMegatron(torch.nn.Module):
                 self.image_token_id,
                 image_grid_thw,
                 self.spatial_merge_size,
-                attention_mask,
+                padding_mask,
             )
         decoder_input = None
         self._deepstack = None
@@ -168,7 +183,7 @@ class Qwen3VLMegatron(torch.nn.Module):
                 )
         try:
             logits: torch.Tensor = self.language_model(
-                input_ids, position_ids, None, decoder_input=decoder_input
+                input_ids, position_ids, attention_mask, decoder_input=decoder_input
             )
             return logits
         finally:
