@@ -16,8 +16,17 @@ def pool() -> Iterator[SandboxPool]:
         yield p
 
 
+# Without a mount namespace, a per-call uid may not be able to read the interpreter (here it
+# lives under a 0700 /root); the fallback tests force the uid drop anyway and preload the
+# modules their attack code imports, so that the uid-based protections are exercised too.
+FALLBACK_PRELOAD = ("json", "glob", "subprocess", "socket", "signal", "time", "uuid")
+
+
 @pytest.fixture(scope="module")
 def rlimits_pool() -> Iterator[SandboxPool]:
-    """The fallback mode: no namespaces, only rlimits, a process group and (as root) a uid."""
-    with SandboxPool(size=1, isolation="rlimits") as p:
+    """The fallback mode: no namespaces; rlimits, a process group and (as root) a per-call uid."""
+    import os
+
+    drop = "yes" if os.geteuid() == 0 else "no"
+    with SandboxPool(size=1, isolation="rlimits", drop_privileges=drop, preload=FALLBACK_PRELOAD) as p:
         yield p

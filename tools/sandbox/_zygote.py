@@ -40,6 +40,7 @@ import select
 import shutil
 import signal
 import socket
+import stat
 import struct
 import sys
 import tempfile
@@ -151,6 +152,13 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     _check(rc, f"mount {target}")
 
 
+MNT_DETACH = 2
+
+
+def umount(target: str) -> None:
+    _check(_c().umount2(target.encode(), ctypes.c_int(MNT_DETACH)), f"umount {target}")
+
+
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     _c().prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0)
 
@@ -210,6 +218,67 @@ def probe_capabilities(isolation: str) -> dict[str, Any]:
     # the PID namespace is only useful with a private /proc, i.e. with the mount namespace
     caps["pid"] = caps["filesystem"] and _probe_in_child(pid_probe)
     return caps
+
+
+# ------------------------------------------------------------------------------------------------
+# keeping the interpreter readable after the uid drop
+# ------------------------------------------------------------------------------------------------
+def python_paths() -> list[str]:
+    """Directories the interpreter reads from: prefixes and every existing sys.path entry,
+    reduced to the outermost ones."""
+    candidates = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  os.path.dirname(os.path.realpath(sys.executable))}
+    candidates |= {p for p in sys.path if p and os.path.isdir(p)}
+    real = sorted({os.path.realpath(p) for p in candidates if os.path.isdir(p)})
+    out: list[str] = []
+    for p in real:
+        if not any(p == q or p.startswith(q.rstrip("/") + "/") for q in out):
+            out.append(p)
+    return out
+
+
+def blocking_ancestor(path: str) -> str | None:
+    """The first directory on the way to ``path`` that other users cannot traverse."""
+    current = "/"
+    for part in [x for x in path.split("/") if x]:
+        current = os.path.join(current, part)
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return current
+    return None
+
+
+def blocked_python_paths() -> dict[str, list[str]]:
+    """{blocking directory: interpreter paths below it} -- e.g. a pyenv under a 0700 /root."""
+    blocked: dict[str, list[str]] = {}
+    for p in python_paths():
+        a = blocking_ancestor(p)
+        if a is not None:
+            blocked.setdefault(a, []).append(p)
+    return blocked
+
+
+def expose_python(blocked: dict[str, list[str]]) -> None:
+    """In a private mount namespace: cover each blocking directory with an empty read-only
+    tmpfs (hiding, e.g., root's home) and bind the interpreter's own directories back into it."""
+    if not blocked:
+        return
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")  # staging
+    staged = []
+    for i, path in enumerate(p for paths in blocked.values() for p in paths):
+        stage = f"/tmp/{i}"
+        os.mkdir(stage)
+        mount(path, stage, None, MS_BIND | MS_REC)
+        staged.append((path, stage))
+    for directory in blocked:
+        mount("tmpfs", directory, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for path, stage in staged:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        mount(stage, path, None, MS_BIND | MS_REC)
+    umount("/tmp")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -299,6 +368,8 @@ def _setup_executor(caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> str
     if caps["filesystem"]:
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
+        if uid is not None:
+            expose_python(blocked_python_paths())
         for point in _mount_points():
             try:
                 mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
@@ -358,7 +429,8 @@ def _set_call_cpu(timeout_s: float) -> None:
     spent = used.ru_utime + used.ru_stime
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
     want = int(math.ceil(spent + timeout_s)) + 1
-    soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    # soft < hard, so running out of the session's budget is SIGXCPU (reported as such)
+    soft = want if hard == resource.RLIM_INFINITY else max(1, min(want, hard - 1))
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
@@ -407,16 +479,32 @@ def _flush_std() -> None:
             pass
 
 
+def _reset_signals() -> None:
+    """Dispositions may arrive ignored from whoever started the host; the limits rely on
+    SIGXCPU killing. (SIGXFSZ stays ignored, as Python sets it, so writes fail with EFBIG.)"""
+    for sig in (signal.SIGXCPU, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> None:
-    """The executor process; never returns. It serves requests until a one-shot call is done
-    (then it exits with the code's exit status) or its request pipe closes."""
+    """The executor; never returns.
+
+    With a PID namespace it is the namespace's init: it forks the *runner* that executes the
+    code and only reaps processes, so the code runs with ordinary signal semantics (the kernel
+    shields an init from signals it has no handler for -- SIGXCPU included) and its orphans do
+    not pile up as zombies. Without one, the executor is the runner itself."""
     try:
         set_parent_death_signal()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _reset_signals()
         workdir = _setup_executor(caps, uid, tmpfs_mb)
         devnull = os.open(os.devnull, os.O_RDONLY)
         _place_fds({0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"]})
+        if caps["pid"]:
+            runner = os.fork()
+            if runner != 0:
+                _init_loop(runner)
+            set_parent_death_signal()
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
@@ -427,6 +515,32 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
             _write_fd_message(fds["status"], {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
         finally:
             os._exit(70)
+    _runner_loop(workdir, uid)
+
+
+def _init_loop(runner: int) -> None:
+    """PID 1 of the call's namespace: reap every process; when the runner ends, report how and
+    exit -- which makes the kernel kill whatever is left in the namespace."""
+    for fd in (0, 1, 2, _FD_REQ):
+        os.close(fd)  # the pipes reach EOF as soon as the runner and its children are gone
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, 0)
+        except ChildProcessError:
+            os._exit(0)
+        except InterruptedError:
+            continue
+        if pid == runner:
+            try:
+                cpu = usage.ru_utime + usage.ru_stime
+                _write_fd_message(_FD_STATUS, {"type": "exit", "status": status, "cpu_s": cpu})
+            finally:
+                os._exit(0)
+
+
+def _runner_loop(workdir: str, uid: int | None) -> None:
+    """Serve requests until a one-shot call is done (then exit with the code's status) or the
+    request pipe closes."""
     import builtins
     import types
 
@@ -572,6 +686,15 @@ def _drain(fd: int, sink: HeadTail) -> int:
         n += len(data)
 
 
+def _take_messages(ex: _Executor, got: dict[str, dict[str, Any]]) -> None:
+    """Move complete status messages from the buffer into ``got`` by type (first one wins)."""
+    while True:
+        msg = _pop_status(ex)
+        if msg is None:
+            return
+        got.setdefault(str(msg.get("type")), msg)
+
+
 def _supervise_call(ex: _Executor, req: dict[str, Any]) -> dict[str, Any]:
     lim = req["limits"]
     out, err = HeadTail(int(lim["max_output_bytes"])), HeadTail(int(lim["max_output_bytes"]))
@@ -584,13 +707,12 @@ def _supervise_call(ex: _Executor, req: dict[str, Any]) -> dict[str, Any]:
     )
     streams = {ex.fds["out"]: out, ex.fds["err"]: err}
     watch = [ex.fds["out"], ex.fds["err"], ex.fds["status"]] + ([ex.pidfd] if ex.pidfd is not None else [])
-    done: dict[str, Any] | None = None
-    reason: str | None = None
-    timed_out = False
-    while done is None:
+    got: dict[str, dict[str, Any]] = {}
+    killed: str | None = None  # why we killed it, if we did
+    while not ("done" in got or "exit" in got):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            timed_out, reason = True, "timeout"
+            killed = "timeout"
             break
         ready, _, _ = select.select(watch, [], [], min(remaining, 0.05 if ex.pidfd is None else remaining))
         for fd in ready:
@@ -608,34 +730,40 @@ def _supervise_call(ex: _Executor, req: dict[str, Any]) -> dict[str, Any]:
                 if not data:
                     watch.remove(fd)
                 ex.status_buf += data
-                done = _pop_status(ex)
+                _take_messages(ex, got)
         if out.total + err.total > kill_bytes:
-            reason = "output_limit"
+            killed = "output_limit"
             break
-        if done is None and ex.poll() is not None:
+        if not ("done" in got or "exit" in got) and ex.poll() is not None:
             _drain_status(ex)
-            done = _pop_status(ex)
+            _take_messages(ex, got)
             break
     duration = time.monotonic() - start
-    session_alive = done is not None and reason is None and bool(req.get("session"))
-    killed_by_us = reason is not None
+    done = got.get("done")
+    session_alive = bool(req.get("session")) and done is not None and killed is None
     if not session_alive:
         # Signal now, reap after replying: tearing the namespaces down takes milliseconds
         # (RCU grace periods) that the caller need not wait for.
         ex.signal_kill()
     for fd, sink in streams.items():
         _drain(fd, sink)
-    if done is not None and reason is None:
-        exit_code: int | None = int(done["exit_code"])
-        reason = done.get("reason")
-    elif killed_by_us:
-        exit_code = -signal.SIGKILL
+    reason: str | None = killed
+    cpu_s: float | None = None
+    if killed is not None:
+        exit_code: int | None = -signal.SIGKILL
+    elif done is not None:
+        exit_code, reason = int(done["exit_code"]), done.get("reason")
+    elif "exit" in got:  # the runner died; its init told us how
+        exit_code = os.waitstatus_to_exitcode(int(got["exit"]["status"]))
+        cpu_s = float(got["exit"].get("cpu_s", 0.0))
     else:
         status = ex.poll()
         exit_code = None if status is None else os.waitstatus_to_exitcode(status)
     if reason is None and exit_code is not None and exit_code < 0:
         sig = -exit_code
-        reason = _SIGNAL_REASONS.get(sig, f"killed by signal {signal.Signals(sig).name}")
+        reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {signal.Signals(sig).name}"
+        if sig == signal.SIGKILL and cpu_s is not None and cpu_s >= float(lim["cpu_s"]) - 0.05:
+            reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
     return {
         "type": "result",
         "stdout": out.text(),
@@ -643,7 +771,7 @@ def _supervise_call(ex: _Executor, req: dict[str, Any]) -> dict[str, Any]:
         "stdout_truncated": out.dropped,
         "stderr_truncated": err.dropped,
         "exit_code": exit_code,
-        "timed_out": timed_out,
+        "timed_out": killed == "timeout",
         "killed_reason": reason,
         "duration_s": duration,
         "session_alive": session_alive,
@@ -773,10 +901,15 @@ def zygote_main(argv: list[str]) -> int:
     problem = None
     if args.isolation == "full" and not (caps["network"] and caps["filesystem"] and caps["pid"]):
         problem = f"full isolation was required but this kernel/user allows only {caps}"
-    drop = {"auto": caps["root"], "yes": True, "no": False}[args.drop_privileges]
+    blocked = blocked_python_paths()
+    # Without a mount namespace the interpreter cannot be made readable for another uid; "auto"
+    # then keeps the uid (isolation suffers, but the code can import the standard library).
+    readable = caps["filesystem"] or not blocked
+    drop = {"auto": caps["root"] and readable, "yes": True, "no": False}[args.drop_privileges]
     if drop and not caps["root"]:
         problem = "dropping privileges to a per-call uid needs root"
     caps["uid"] = bool(drop)
+    caps["python_readable"] = readable
     for name in filter(None, args.preload.split(",")):
         try:
             __import__(name)
