@@ -86,10 +86,12 @@ class ExecResult:
             parts.append(("stderr:\n" if self.stdout else "") + self.stderr.rstrip("\n"))
         status = []
         if self.timed_out:
-            status.append("timed out")
-        if self.killed_reason and not self.timed_out:
+            status.append(f"timed out after {self.duration_s:.1f} s")
+        elif self.killed_reason:
             status.append(f"stopped: {self.killed_reason}")
-        if self.exit_code not in (0, None):
+            if self.exit_code not in (0, None, -9) and self.exit_code > 0:
+                status.append(f"exit code {self.exit_code}")
+        elif self.exit_code not in (0, None):
             status.append(f"exit code {self.exit_code}")
         if status:
             parts.append(f"[{'; '.join(status)}]")
