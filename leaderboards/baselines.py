@@ -69,7 +69,8 @@ def resolve(envs: Mapping[str, str | None], file: str | Path | None = None) -> d
         b = table.get(difficulty or "easy")
         if b is not None:
             out[env_id] = Baseline(
-                random=float(b.random_success), oracle=float(b.oracle_success),
+                random=float(b.random_success),
+                oracle=float(b.oracle_success),
                 source=f"relax_gym.envs.baselines ({difficulty or 'easy'}, {b.episodes} episodes)",
             )
     return out

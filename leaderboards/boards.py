@@ -23,8 +23,14 @@ class Board:
 BOARDS: dict[str, Board] = {
     b.name: b
     for b in (
-        Board("core", "relax/core-v0", 20, 4, "relax-gym core",
-              "one env of each family (text, game, image, audio, video, multimodal): a quick cross-section"),
+        Board(
+            "core",
+            "relax/core-v0",
+            20,
+            4,
+            "relax-gym core",
+            "one env of each family (text, game, image, audio, video, multimodal): a quick cross-section",
+        ),
         Board("text", "relax/text-v0", 20, 4, "relax-gym text", "text-only tasks and games rendered as text"),
         Board("vision", "relax/vision-v0", 20, 4, "relax-gym vision", "image tasks and games rendered as images"),
         Board("audio", "relax/audio-v0", 20, 4, "relax-gym audio", "audio tasks"),

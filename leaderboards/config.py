@@ -34,8 +34,13 @@ class EnvInfo:
 
     def comparable(self) -> dict[str, Any]:
         """What must match for two runs of this env to be ranked together."""
-        return {"env_id": self.env_id, "version": self.version, "kwargs": self.kwargs,
-                "difficulty": self.difficulty, "max_turns": self.max_turns}
+        return {
+            "env_id": self.env_id,
+            "version": self.version,
+            "kwargs": self.kwargs,
+            "difficulty": self.difficulty,
+            "max_turns": self.max_turns,
+        }
 
 
 def describe_env(env_id: str, kwargs: dict[str, Any], max_turns: int | None) -> EnvInfo:
@@ -45,9 +50,12 @@ def describe_env(env_id: str, kwargs: dict[str, Any], max_turns: int | None) -> 
     try:
         difficulty = getattr(env.unwrapped, "difficulty", None)
         return EnvInfo(
-            env_id=env_id, version=s.version, kwargs=dict(kwargs),
+            env_id=env_id,
+            version=s.version,
+            kwargs=dict(kwargs),
             difficulty=str(difficulty) if difficulty is not None else None,
-            modalities=tuple(s.resolved_modalities()), tags=tuple(s.resolved_tags()),
+            modalities=tuple(s.resolved_modalities()),
+            tags=tuple(s.resolved_tags()),
             max_turns=int(env.max_turns),
         )
     finally:
@@ -87,8 +95,9 @@ class EvalConfig:
 
     def comparability_key(self) -> str:
         """Runs with equal keys evaluated the same envs (ids, versions, kwargs) and may be ranked."""
-        return canonical_hash({"suite": self.suite, "envs": sorted(
-            (e.comparable() for e in self.envs), key=lambda c: c["env_id"])})
+        return canonical_hash(
+            {"suite": self.suite, "envs": sorted((e.comparable() for e in self.envs), key=lambda c: c["env_id"])}
+        )
 
     def env(self, env_id: str) -> EnvInfo:
         for e in self.envs:
@@ -145,8 +154,16 @@ def plan(
     for env_id, kw in (env_kwargs or {}).items():
         kwargs_by_env.setdefault(env_id, {}).update(kw)
     envs = [describe_env(e, kwargs_by_env.get(e, {}), max_turns) for e in ids]
-    return EvalConfig(agent=agent, sampling=sampling, suite=suite, envs=envs, episodes=n,
-                      attempts=attempts, seed=base_seed, max_turns=max_turns)
+    return EvalConfig(
+        agent=agent,
+        sampling=sampling,
+        suite=suite,
+        envs=envs,
+        episodes=n,
+        attempts=attempts,
+        seed=base_seed,
+        max_turns=max_turns,
+    )
 
 
 __all__ = ["CONFIG_SCHEMA", "EnvInfo", "EvalConfig", "canonical_hash", "describe_env", "plan"]

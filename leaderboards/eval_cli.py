@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what = parser.add_argument_group("what to evaluate")
     what.add_argument("--suite", help="a registered suite, e.g. relax/core-v0 (see `relax-gym suites`)")
-    what.add_argument("--env", action="append", dest="envs", metavar="ENV_ID", help="an env id (repeatable), instead of --suite")
+    what.add_argument(
+        "--env", action="append", dest="envs", metavar="ENV_ID", help="an env id (repeatable), instead of --suite"
+    )
     what.add_argument("--episodes", type=int, help="episodes (seeds) per env (default: the suite's, or 10)")
     what.add_argument("--attempts", type=int, default=1, help="attempts per episode, for pass@k / pass^k (default 1)")
     what.add_argument("--seed", type=int, help="the seed the episode seeds derive from (default: the suite's, or 0)")
@@ -45,8 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--top-k", type=int, default=-1)
     who.add_argument("--min-p", type=float, default=0.0)
     who.add_argument("--max-tokens", type=int, default=512, help="max new tokens per turn (default 512)")
-    who.add_argument("--thinking", choices=["on", "off", "default"], default="default",
-                     help="enable_thinking for the chat template (default: the model's own default)")
+    who.add_argument(
+        "--thinking",
+        choices=["on", "off", "default"],
+        default="default",
+        help="enable_thinking for the chat template (default: the model's own default)",
+    )
     who.add_argument("--sampling-seed", type=int, default=0, help="base of the per-episode sampling seeds")
     who.add_argument("--tool-parser", default="hermes", help="tool-call parser for sglang:/hf: (default hermes)")
     who.add_argument("--system-prompt", help="a system message put before every episode")
@@ -75,11 +81,18 @@ def options_from_args(args: argparse.Namespace) -> Any:
     from .agents import AgentOptions
 
     return AgentOptions(
-        model=args.model, tokenizer=args.tokenizer,
+        model=args.model,
+        tokenizer=args.tokenizer,
         api_key=args.api_key or os.environ.get("RELAX_GYM_API_KEY") or os.environ.get("OPENAI_API_KEY"),
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        max_tokens=args.max_tokens, thinking={"on": True, "off": False}.get(args.thinking),
-        seed=args.sampling_seed, timeout_s=args.timeout, tool_parser=args.tool_parser,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        max_tokens=args.max_tokens,
+        thinking={"on": True, "off": False}.get(args.thinking),
+        seed=args.sampling_seed,
+        timeout_s=args.timeout,
+        tool_parser=args.tool_parser,
         system_prompt=args.system_prompt,
     )
 
@@ -93,15 +106,19 @@ def format_table(summary: dict[str, Any]) -> str:
 
     lines = [f"{'env':<28} {'success (95% CI)':<24} {'normalised (95% CI)':<24} {'n':>4} {'err':>4}"]
     for env_id, e in res["envs"].items():
-        lines.append(f"{env_id:<28} {est(e.get('success')):<24} {est(e.get('normalised')):<24} "
-                     f"{e.get('episodes', 0):>4} {e.get('errors', 0):>4}")
+        lines.append(
+            f"{env_id:<28} {est(e.get('success')):<24} {est(e.get('normalised')):<24} "
+            f"{e.get('episodes', 0):>4} {e.get('errors', 0):>4}"
+        )
     s = res["suite"]
     lines.append(f"{'suite ' + s['name']:<28} {est(s.get('success')):<24} {est(s.get('normalised')):<24}")
     for name, g in res["modalities"].items():
         lines.append(f"{'  modality ' + name:<28} {est(g.get('success')):<24} {est(g.get('normalised')):<24}")
     c = res["counts"]
-    lines.append(f"episodes: {c['finished']} finished, {c['errors']} errored, {c['missing']} missing "
-                 f"of {c['planned']}; config {summary['config_hash']}")
+    lines.append(
+        f"episodes: {c['finished']} finished, {c['errors']} errored, {c['missing']} missing "
+        f"of {c['planned']}; config {summary['config_hash']}"
+    )
     return "\n".join(lines)
 
 
@@ -116,12 +133,25 @@ def run(args: argparse.Namespace) -> int:
     if args.suite and args.envs:
         return fail("give --suite or --env, not both", 2)
     try:
-        result = asyncio.run(run_eval(
-            args.agent, args.out, options=options_from_args(args), suite=args.suite, env_ids=args.envs,
-            episodes=args.episodes, attempts=args.attempts, seed=args.seed, max_turns=args.max_turns,
-            env_kwargs=_env_kwargs(args.env_kwarg), concurrency=args.concurrency, resume=args.resume,
-            progress=not args.no_progress, baselines_file=args.baselines, label=args.label,
-        ))
+        result = asyncio.run(
+            run_eval(
+                args.agent,
+                args.out,
+                options=options_from_args(args),
+                suite=args.suite,
+                env_ids=args.envs,
+                episodes=args.episodes,
+                attempts=args.attempts,
+                seed=args.seed,
+                max_turns=args.max_turns,
+                env_kwargs=_env_kwargs(args.env_kwarg),
+                concurrency=args.concurrency,
+                resume=args.resume,
+                progress=not args.no_progress,
+                baselines_file=args.baselines,
+                label=args.label,
+            )
+        )
     except FatalAgentError as exc:
         return fail(str(exc), 2)
     except (RelaxGymError, ValueError, OSError) as exc:
@@ -135,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_table(result.summary))
         print(f"results in {result.out} ({result.ran} episodes run, {result.skipped} resumed)")
     if result.fatal:
-        return fail(f"the run stopped: {result.fatal}\n(finished episodes are kept; fix the cause and rerun "
-                    f"with --resume)", 2)
+        return fail(
+            f"the run stopped: {result.fatal}\n(finished episodes are kept; fix the cause and rerun with --resume)", 2
+        )
     return 1 if counts["errors"] else 0

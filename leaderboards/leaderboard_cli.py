@@ -30,8 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="*", metavar="RUN_DIR", help="eval output folders to index and render")
     parser.add_argument("--format", choices=["md", "html"], default="md")
     parser.add_argument("--out", help="write the page here (default: stdout)")
-    parser.add_argument("--db", default=os.environ.get("RELAX_GYM_RESULTS_DB", DEFAULT_DB),
-                        help=f"the SQLite results index (default: $RELAX_GYM_RESULTS_DB or ./{DEFAULT_DB})")
+    parser.add_argument(
+        "--db",
+        default=os.environ.get("RELAX_GYM_RESULTS_DB", DEFAULT_DB),
+        help=f"the SQLite results index (default: $RELAX_GYM_RESULTS_DB or ./{DEFAULT_DB})",
+    )
     parser.add_argument("--no-db", action="store_true", help="render the given folders without touching the index")
     parser.add_argument("--suite", help="only runs of this suite")
     parser.add_argument("--board", help="only runs of this board's suite (see relax_gym.leaderboards.boards)")
@@ -39,18 +42,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the indexed runs and exit")
     parser.add_argument("--remove", metavar="RUN_ID", action="append", help="drop a run from the index")
     base = parser.add_argument_group("baseline entries")
-    base.add_argument("--make-baselines", action="store_true",
-                      help="run the random and oracle agents (and --extra-agent ones) on the board's suite first")
+    base.add_argument(
+        "--make-baselines",
+        action="store_true",
+        help="run the random and oracle agents (and --extra-agent ones) on the board's suite first",
+    )
     base.add_argument("--runs-dir", default="runs/baselines", help="where baseline runs go (default runs/baselines)")
-    base.add_argument("--extra-agent", action="append", default=[], metavar="LABEL=SPEC",
-                      help="another baseline entry, e.g. quickstart=hf:runs/quickstart/final")
+    base.add_argument(
+        "--extra-agent",
+        action="append",
+        default=[],
+        metavar="LABEL=SPEC",
+        help="another baseline entry, e.g. quickstart=hf:runs/quickstart/final",
+    )
     base.add_argument("--episodes", type=int, help="override the board's episodes per env")
     base.add_argument("--attempts", type=int, help="override the board's attempts")
     base.add_argument("--concurrency", type=int, default=8)
 
 
-def make_baselines(board_name: str, runs_dir: str | Path, extra: list[str], *, episodes: int | None = None,
-                   attempts: int | None = None, concurrency: int = 8, progress: bool = True) -> list[Path]:
+def make_baselines(
+    board_name: str,
+    runs_dir: str | Path,
+    extra: list[str],
+    *,
+    episodes: int | None = None,
+    attempts: int | None = None,
+    concurrency: int = 8,
+    progress: bool = True,
+) -> list[Path]:
     """Run (or resume) the baseline entries of a board; returns their run folders."""
     from .agents import AgentOptions
     from .boards import get_board
@@ -66,11 +85,20 @@ def make_baselines(board_name: str, runs_dir: str | Path, extra: list[str], *, e
     out: list[Path] = []
     for label, spec in entries:
         folder = Path(runs_dir) / label
-        result = asyncio.run(run_eval(
-            spec, folder, options=AgentOptions(), suite=board.suite, episodes=episodes or board.episodes,
-            attempts=attempts or board.attempts, concurrency=concurrency, resume=True, progress=progress,
-            label=label,
-        ))
+        result = asyncio.run(
+            run_eval(
+                spec,
+                folder,
+                options=AgentOptions(),
+                suite=board.suite,
+                episodes=episodes or board.episodes,
+                attempts=attempts or board.attempts,
+                concurrency=concurrency,
+                resume=True,
+                progress=progress,
+                label=label,
+            )
+        )
         if result.fatal:
             raise RuntimeError(f"baseline {label} ({spec}) stopped: {result.fatal}")
         print(f"baseline {label}: {result.out} ({result.ran} episodes run, {result.skipped} resumed)", file=sys.stderr)
@@ -84,7 +112,11 @@ def _collect(args: argparse.Namespace, runs: list[str]) -> list[dict[str, Any]]:
     store = None if args.no_db else ResultsStore(args.db)
     summaries: list[dict[str, Any]] = []
     for run in runs:
-        if Path(run).is_dir() and not (Path(run) / "summary.json").exists() and not (Path(run) / "config.json").exists():
+        if (
+            Path(run).is_dir()
+            and not (Path(run) / "summary.json").exists()
+            and not (Path(run) / "config.json").exists()
+        ):
             print(f"warning: skipping {run}: not an eval run folder", file=sys.stderr)
             continue
         if not Path(run).is_dir():
@@ -123,15 +155,26 @@ def run(args: argparse.Namespace) -> int:
         if args.list:
             for r in store.rows():
                 score = "-" if r["score"] is None else f"{r['score']:.3f}"
-                print(f"{r['run_id']}  {r['suite']:<18} {r['label']:<24} score {score:<6} "
-                      f"{'complete' if r['complete'] else 'INCOMPLETE'}  {r['path']}")
+                print(
+                    f"{r['run_id']}  {r['suite']:<18} {r['label']:<24} score {score:<6} "
+                    f"{'complete' if r['complete'] else 'INCOMPLETE'}  {r['path']}"
+                )
         return 0
     runs = list(args.runs)
     if args.make_baselines:
         board = args.board or "core"
         try:
-            runs += [str(p) for p in make_baselines(board, args.runs_dir, args.extra_agent, episodes=args.episodes,
-                                                    attempts=args.attempts, concurrency=args.concurrency)]
+            runs += [
+                str(p)
+                for p in make_baselines(
+                    board,
+                    args.runs_dir,
+                    args.extra_agent,
+                    episodes=args.episodes,
+                    attempts=args.attempts,
+                    concurrency=args.concurrency,
+                )
+            ]
         except (KeyError, ValueError, RuntimeError) as exc:
             return fail(str(exc), 2)
         args.board = board
@@ -147,8 +190,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(page, encoding="utf-8")
-        print(f"wrote {args.out} ({sum(len(g.rows) for g in groups)} ranked runs in {len(groups)} table(s))",
-              file=sys.stderr)
+        print(
+            f"wrote {args.out} ({sum(len(g.rows) for g in groups)} ranked runs in {len(groups)} table(s))",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(page)
     return 0

@@ -68,8 +68,9 @@ def key_slug(key: EpisodeKeyTuple) -> str:
     return f"{re.sub(r'[^A-Za-z0-9._-]+', '_', env_id)}/s{seed}-a{attempt}"
 
 
-def read_records(path: str | Path, *, problems: list[str] | None = None,
-                 bad_lines: list[str] | None = None) -> list[EpisodeRecord]:
+def read_records(
+    path: str | Path, *, problems: list[str] | None = None, bad_lines: list[str] | None = None
+) -> list[EpisodeRecord]:
     """Read ``episodes.jsonl``; bad lines are described in ``problems`` and kept verbatim in
     ``bad_lines`` (when given) instead of raising."""
     p = Path(path)

@@ -27,7 +27,8 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
 h1 { font-size: 24px; margin: 0 0 8px; } h2 { font-size: 19px; margin: 28px 0 6px; }
 p.method, p.meta, p.note { color: var(--muted); margin: 4px 0; }
 table.lb { border-collapse: collapse; width: 100%; margin: 10px 0 4px; font-variant-numeric: tabular-nums; }
-table.lb th, table.lb td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: right; white-space: nowrap; }
+table.lb th, table.lb td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: right;
+                           white-space: nowrap; }
 table.lb th { background: var(--head); cursor: pointer; user-select: none; position: sticky; top: 0; }
 table.lb th:hover { background: #eaeef2; }
 table.lb th.text, table.lb td.text { text-align: left; }
@@ -122,9 +123,17 @@ def _th(key: str, label: str, kind: str, title: str = "") -> str:
 
 
 def _main_table(g: Group, table_id: str) -> str:
-    heads = [_th("rank", "#", "num"), _th("label", "Model", "text"), _th("agent", "Agent", "text"),
-             _th("score", "Score" if g.metric == "normalised" else "Success", "num",
-                 f"suite {g.metric_label}, mean over envs, 95% CI")]
+    heads = [
+        _th("rank", "#", "num"),
+        _th("label", "Model", "text"),
+        _th("agent", "Agent", "text"),
+        _th(
+            "score",
+            "Score" if g.metric == "normalised" else "Success",
+            "num",
+            f"suite {g.metric_label}, mean over envs, 95% CI",
+        ),
+    ]
     if g.metric == "normalised":
         heads.append(_th("success", "Success", "num", "suite success rate, mean over envs, 95% CI"))
     heads += [_th(m, m, "num", f"{g.metric_label} over the {m} envs") for m in g.modality_columns]
@@ -145,12 +154,16 @@ def _main_table(g: Group, table_id: str) -> str:
         cells += [_cell_td(r.modalities.get(m), m) for m in g.modality_columns]
         if g.has_tools:
             cells.append(_cell_td(r.tools, "tools"))
-        cells += [f'<td data-key="episodes" data-v="{r.episodes}">{r.episodes}</td>',
-                  f'<td data-key="errors" data-v="{r.errors}">{r.errors}</td>']
+        cells += [
+            f'<td data-key="episodes" data-v="{r.episodes}">{r.episodes}</td>',
+            f'<td data-key="errors" data-v="{r.errors}">{r.errors}</td>',
+        ]
         cls = "" if ranked else ' class="unranked"'
         body.append(f'<tr data-run="{_e(r.run_id)}"{cls}>' + "".join(cells) + "</tr>")
-    return (f'<table class="lb sortable" id="{table_id}"><thead><tr>{"".join(heads)}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return (
+        f'<table class="lb sortable" id="{table_id}"><thead><tr>{"".join(heads)}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def _env_table(g: Group, table_id: str) -> str:
@@ -160,8 +173,10 @@ def _env_table(g: Group, table_id: str) -> str:
         cells = [f'<td class="text" data-key="label" data-v="{_e(r.label.lower())}">{_e(r.label)}</td>']
         cells += [_cell_td(r.envs.get(e), f"env-{i}") for i, e in enumerate(g.envs)]
         body.append(f'<tr data-run="{_e(r.run_id)}">' + "".join(cells) + "</tr>")
-    return (f'<table class="lb sortable" id="{table_id}"><thead><tr>{"".join(heads)}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table>')
+    return (
+        f'<table class="lb sortable" id="{table_id}"><thead><tr>{"".join(heads)}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
 
 
 def bar_chart(rows: list[Row], metric_label: str, chart_id: str) -> str:
@@ -176,32 +191,48 @@ def bar_chart(rows: list[Row], metric_label: str, chart_id: str) -> str:
         return label_w + (v - lo) / span * plot_w
 
     height = pad * 2 + 24 + len(rows) * (bar_h + gap)
-    out = [f'<svg id="{chart_id}" class="bars" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-           f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{_e(metric_label)} by model">']
+    out = [
+        f'<svg id="{chart_id}" class="bars" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{_e(metric_label)} by model">'
+    ]
     axis_y = height - pad - 16
     ticks = [lo + span * i / 4 for i in range(5)]
     for t in ticks:
-        out.append(f'<line x1="{x(t):.1f}" y1="{pad}" x2="{x(t):.1f}" y2="{axis_y}" stroke="#d1d9e0" stroke-width="1"/>')
-        out.append(f'<text x="{x(t):.1f}" y="{axis_y + 14}" font-size="11" text-anchor="middle" fill="#59636e">{t:.2f}</text>')
+        out.append(
+            f'<line x1="{x(t):.1f}" y1="{pad}" x2="{x(t):.1f}" y2="{axis_y}" stroke="#d1d9e0" stroke-width="1"/>'
+        )
+        out.append(
+            f'<text x="{x(t):.1f}" y="{axis_y + 14}" font-size="11" text-anchor="middle" fill="#59636e">{t:.2f}</text>'
+        )
     zero = x(0.0)
     for i, r in enumerate(rows):
         y = pad + i * (bar_h + gap)
         v = r.score.value if r.score.value is not None else 0.0
         colour = BASELINE_BAR if r.agent in BASELINE_AGENTS else BAR
         left, right = sorted((zero, x(v)))
-        out.append(f'<text x="{label_w - 8}" y="{y + bar_h * 0.72:.1f}" font-size="12" text-anchor="end" '
-                   f'fill="#1f2328">{_e(r.label[:32])}</text>')
-        out.append(f'<rect class="bar" data-label="{_e(r.label)}" x="{left:.1f}" y="{y}" width="{max(right - left, 1):.1f}" '
-                   f'height="{bar_h}" fill="{colour}"><title>{_e(r.label)}: {r.score.text()}</title></rect>')
+        out.append(
+            f'<text x="{label_w - 8}" y="{y + bar_h * 0.72:.1f}" font-size="12" text-anchor="end" '
+            f'fill="#1f2328">{_e(r.label[:32])}</text>'
+        )
+        out.append(
+            f'<rect class="bar" data-label="{_e(r.label)}" x="{left:.1f}" y="{y}" width="{max(right - left, 1):.1f}" '
+            f'height="{bar_h}" fill="{colour}"><title>{_e(r.label)}: {r.score.text()}</title></rect>'
+        )
         if r.score.low is not None and r.score.high is not None:
             cy = y + bar_h / 2
-            out.append(f'<line class="ci" x1="{x(r.score.low):.1f}" y1="{cy}" x2="{x(r.score.high):.1f}" y2="{cy}" '
-                       'stroke="#1f2328" stroke-width="1.5"/>')
+            out.append(
+                f'<line class="ci" x1="{x(r.score.low):.1f}" y1="{cy}" x2="{x(r.score.high):.1f}" y2="{cy}" '
+                'stroke="#1f2328" stroke-width="1.5"/>'
+            )
             for end in (r.score.low, r.score.high):
-                out.append(f'<line x1="{x(end):.1f}" y1="{cy - 5}" x2="{x(end):.1f}" y2="{cy + 5}" '
-                           'stroke="#1f2328" stroke-width="1.5"/>')
-        out.append(f'<text x="{x(max(v, r.score.high or v)) + 6:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
-                   f'fill="#1f2328">{v:.3f}</text>')
+                out.append(
+                    f'<line x1="{x(end):.1f}" y1="{cy - 5}" x2="{x(end):.1f}" y2="{cy + 5}" '
+                    'stroke="#1f2328" stroke-width="1.5"/>'
+                )
+        out.append(
+            f'<text x="{x(max(v, r.score.high or v)) + 6:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
+            f'fill="#1f2328">{v:.3f}</text>'
+        )
     out.append(f'<line x1="{zero:.1f}" y1="{pad}" x2="{zero:.1f}" y2="{axis_y}" stroke="#59636e" stroke-width="1"/>')
     out.append("</svg>")
     return "".join(out)
@@ -212,13 +243,19 @@ def render_html(groups: list[Group], *, title: str = "relax-gym leaderboard") ->
     for n, g in enumerate(groups):
         gid = f"g{n}"
         envs = ", ".join(f"{_e(e)} ({_e(g.env_versions.get(e, '-'))})" for e in g.envs)
-        chart = bar_chart(g.rows, g.metric_label, f"{gid}-chart") if g.rows else "<p class=note>No complete runs yet.</p>"
-        unranked = (f'<p class="note">Unranked (incomplete runs): {_e(", ".join(r.label for r in g.unranked))}</p>'
-                    if g.unranked else "")
+        chart = (
+            bar_chart(g.rows, g.metric_label, f"{gid}-chart") if g.rows else "<p class=note>No complete runs yet.</p>"
+        )
+        unranked = (
+            f'<p class="note">Unranked (incomplete runs): {_e(", ".join(r.label for r in g.unranked))}</p>'
+            if g.unranked
+            else ""
+        )
         sections.append(
             f'<section class="board" id="{gid}" data-suite="{_e(g.suite)}" data-key="{_e(g.key)}">'
             f"<h2>{_e(g.suite)}</h2>"
-            f'<p class="meta">Envs: {envs}. Metric: {_e(g.metric_label)}. Comparability key <code>{_e(g.key)}</code>.</p>'
+            f'<p class="meta">Envs: {envs}. Metric: {_e(g.metric_label)}. '
+            f"Comparability key <code>{_e(g.key)}</code>.</p>"
             f'<figure class="chart">{chart}<figcaption>{_e(g.metric_label)} by model, 95% CI whiskers '
             f"(grey: random and oracle baselines)</figcaption></figure>"
             f"{_main_table(g, f'{gid}-table')}{unranked}"
@@ -230,7 +267,7 @@ def render_html(groups: list[Group], *, title: str = "relax-gym leaderboard") ->
     body = "".join(sections) if sections else "<p>No runs indexed yet.</p>"
     data = json.dumps({"title": title, "groups": len(groups)}).replace("</", "<\\/")
     return (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
         "script-src 'unsafe-inline'; img-src data:\">"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

@@ -52,7 +52,9 @@ def render_group(g: Group, title: str | None = None) -> str:
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|---|" + "|".join(["---:"] * len(g.envs)) + "|")
     for r in g.rows + g.unranked:
-        lines.append("| " + " | ".join([_esc(r.label)] + [r.envs[e].text() if e in r.envs else "–" for e in g.envs]) + " |")
+        lines.append(
+            "| " + " | ".join([_esc(r.label)] + [r.envs[e].text() if e in r.envs else "–" for e in g.envs]) + " |"
+        )
     return "\n".join(lines)
 
 

@@ -174,8 +174,15 @@ class EvalRunner:
     async def _episode(self, pool: _EnvPool, media: MediaWriter, key: EpisodeKeyTuple, index: int) -> EpisodeRecord:
         env_id, seed, attempt = key
         info_env = self.config.env(env_id)
-        rec = EpisodeRecord(env_id=env_id, env_version=info_env.version, env_kwargs=info_env.kwargs, seed=seed,
-                            index=index, attempt=attempt, agent=str(self.config.agent.get("spec", "")))
+        rec = EpisodeRecord(  # type: ignore[call-arg]  # mypy sees only the alias "return"; it defaults to 0
+            env_id=env_id,
+            env_version=info_env.version,
+            env_kwargs=info_env.kwargs,
+            seed=seed,
+            index=index,
+            attempt=attempt,
+            agent=str(self.config.agent.get("spec", "")),
+        )
         t0 = time.perf_counter()
         transcript: list[tuple[Message, dict[str, Any]]] = []
         steps: list[dict[str, Any]] = []
@@ -198,7 +205,7 @@ class EvalRunner:
                 media_sent.update(turn.media_sent)
                 rec.tool_calls += len(turn.action.tool_calls)
                 rec.parse_errors += len(turn.action.parse_errors)
-                extra = {"reasoning": turn.reasoning} if turn.reasoning else {}
+                extra: dict[str, Any] = {"reasoning": turn.reasoning} if turn.reasoning else {}
                 if turn.action.parse_errors:
                     extra["parse_errors"] = list(turn.action.parse_errors)
                 transcript.append((turn.message, extra))
@@ -207,8 +214,15 @@ class EvalRunner:
                 rec.return_ += float(reward)
                 components.update(info.get("reward_components", {}))
                 invalid_steps += _invalid_in_step(info)
-                steps.append({"turn": rec.turns, "reward": float(reward), "terminated": terminated,
-                              "truncated": truncated, "info": _jsonable(info)})
+                steps.append(
+                    {
+                        "turn": rec.turns,
+                        "reward": float(reward),
+                        "terminated": terminated,
+                        "truncated": truncated,
+                        "info": _jsonable(info),
+                    }
+                )
                 transcript += [(m, {}) for m in obs.messages]
                 if terminated or truncated:
                     rec.terminated, rec.truncated = terminated, truncated
@@ -217,7 +231,9 @@ class EvalRunner:
                 raise RelaxGymError(f"{env_id}: the episode did not end within {env.max_turns} turns")
             rec.success = bool(info.get("success", False))
             counted = info.get("invalid_actions")
-            rec.invalid_actions = int(counted) if isinstance(counted, int) and not isinstance(counted, bool) else invalid_steps
+            rec.invalid_actions = (
+                int(counted) if isinstance(counted, int) and not isinstance(counted, bool) else invalid_steps
+            )
         except FatalAgentError:
             healthy = False
             raise
@@ -240,17 +256,30 @@ class EvalRunner:
         rec.transcript = await asyncio.to_thread(self._write_transcript, media, rec, transcript, steps)
         return rec
 
-    def _write_transcript(self, media: MediaWriter, rec: EpisodeRecord,
-                          messages: list[tuple[Message, dict[str, Any]]], steps: list[dict[str, Any]]) -> str | None:
+    def _write_transcript(
+        self,
+        media: MediaWriter,
+        rec: EpisodeRecord,
+        messages: list[tuple[Message, dict[str, Any]]],
+        steps: list[dict[str, Any]],
+    ) -> str | None:
         rel = Path("transcripts") / (key_slug(rec.key) + ".json")
         path = self.out / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with self._media_lock:
                 records = [message_to_record(m, media) | extra for m, extra in messages]
-            doc = {"env_id": rec.env_id, "seed": rec.seed, "attempt": rec.attempt, "index": rec.index,
-                   "media_dir": "../../media", "messages": records, "steps": steps,
-                   "success": rec.success, "error": rec.error}
+            doc = {
+                "env_id": rec.env_id,
+                "seed": rec.seed,
+                "attempt": rec.attempt,
+                "index": rec.index,
+                "media_dir": "../../media",
+                "messages": records,
+                "steps": steps,
+                "success": rec.success,
+                "error": rec.error,
+            }
             path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         except (OSError, TypeError, ValueError) as exc:
             self.problems.append(f"{rec.key}: transcript not written ({type(exc).__name__}: {exc})")
@@ -315,15 +344,20 @@ class EvalRunner:
                 raise exc
         return RunResult(self.out, summary, ran, skipped, message, self.problems)
 
-    def write_summary(self, *, started: datetime | None = None, wall_s: float = 0.0, ran: int = 0,
-                      skipped: int = 0) -> dict[str, Any]:
+    def write_summary(
+        self, *, started: datetime | None = None, wall_s: float = 0.0, ran: int = 0, skipped: int = 0
+    ) -> dict[str, Any]:
         rows = read_records(self.out / "episodes.jsonl", problems=self.problems)
         summary = build_summary(
-            self.config, latest_by_key(rows).values(), self.baselines(),
+            self.config,
+            latest_by_key(rows).values(),
+            self.baselines(),
             versions={**self.agent.versions(), **{f"env:{e.env_id}": f"v{e.version}" for e in self.config.envs}},
             run={
                 "started_at": started.isoformat(timespec="seconds") if started else None,
-                "wall_s": round(wall_s, 3), "episodes_run": ran, "episodes_resumed": skipped,
+                "wall_s": round(wall_s, 3),
+                "episodes_run": ran,
+                "episodes_resumed": skipped,
                 "concurrency": self.concurrency,
                 "episode_wall_s_mean": round(sum(r.wall_s for r in rows) / len(rows), 4) if rows else None,
             },
@@ -348,8 +382,9 @@ class _progress:
             from tqdm import tqdm
         except ImportError:
             return
-        self.bar = tqdm(total=total, initial=initial, desc="eval", unit="ep", file=sys.stderr,
-                        dynamic_ncols=True, leave=True)
+        self.bar = tqdm(
+            total=total, initial=initial, desc="eval", unit="ep", file=sys.stderr, dynamic_ncols=True, leave=True
+        )
 
     def update(self, stats: Counter[str]) -> None:
         if self.bar is None:
@@ -366,9 +401,6 @@ class _progress:
 async def evaluate(config: EvalConfig, agent: Agent, out: str | Path, **kwargs: Any) -> RunResult:
     """Run ``config`` with an already started ``agent`` (see :func:`run_eval` for the full flow)."""
     return await EvalRunner(config, agent, out, **kwargs).run()
-
-
-
 
 
 async def run_eval(
@@ -402,13 +434,24 @@ async def run_eval(
         await agent.start()
         sampling = options.sampling_config() if agent.uses_sampling else {"seed": options.seed}
         config = await asyncio.to_thread(
-            plan, agent=agent.describe(), sampling=sampling, suite=suite, env_ids=env_ids, episodes=episodes,
-            attempts=attempts, seed=seed, max_turns=max_turns, env_kwargs=env_kwargs,
+            plan,
+            agent=agent.describe(),
+            sampling=sampling,
+            suite=suite,
+            env_ids=env_ids,
+            episodes=episodes,
+            attempts=attempts,
+            seed=seed,
+            max_turns=max_turns,
+            env_kwargs=env_kwargs,
         )
         if label:
             config.extra["label"] = label
-        return await EvalRunner(config, agent, out, concurrency=concurrency, resume=resume, progress=progress,
-                                baselines_file=baselines_file).run()
+        return await EvalRunner(
+            config, agent, out, concurrency=concurrency, resume=resume, progress=progress, baselines_file=baselines_file
+        ).run()
     finally:
         await agent.aclose()
+
+
 __all__ = ["EvalRunner", "RunError", "RunResult", "evaluate", "run_eval"]

@@ -200,17 +200,20 @@ class EnvScore:
             "pass_at_k": {str(k): e.to_dict() for k, e in self.pass_at.items()},
             "pass_hat_k": {str(k): e.to_dict() for k, e in self.pass_hat.items()},
             "baseline": (
-                {"random": _round(self.baseline.random), "oracle": _round(self.baseline.oracle),
-                 "source": self.baseline.source}
-                if self.baseline else None
+                {
+                    "random": _round(self.baseline.random),
+                    "oracle": _round(self.baseline.oracle),
+                    "source": self.baseline.source,
+                }
+                if self.baseline
+                else None
             ),
             "tasks": self.success.n,
             "episodes": self.num_episodes,
         }
 
 
-def score_env(outcomes: TaskOutcomes, baseline: Baseline | None = None,
-              samples: int = BOOTSTRAP_SAMPLES) -> EnvScore:
+def score_env(outcomes: TaskOutcomes, baseline: Baseline | None = None, samples: int = BOOTSTRAP_SAMPLES) -> EnvScore:
     """Success, pass@k, pass^k and the normalised score of one env, each with a 95% CI."""
     idx = bootstrap_indices(outcomes.env_id, outcomes.num_tasks, samples)
     per_task = outcomes.per_task_success()
@@ -221,8 +224,8 @@ def score_env(outcomes: TaskOutcomes, baseline: Baseline | None = None,
     pass_hat: dict[int, Estimate] = {}
     n_min = min(outcomes.attempts)
     for k in ks_for(n_min):
-        at = np.array([pass_at_k(n, c, k) for n, c in zip(outcomes.attempts, outcomes.successes)])
-        hat = np.array([pass_hat_k(n, c, k) for n, c in zip(outcomes.attempts, outcomes.successes)])
+        at = np.array([pass_at_k(n, c, k) for n, c in zip(outcomes.attempts, outcomes.successes, strict=True)])
+        hat = np.array([pass_hat_k(n, c, k) for n, c in zip(outcomes.attempts, outcomes.successes, strict=True)])
         pass_at[k] = _estimate(float(at.mean()), at[idx].mean(axis=1), outcomes.num_tasks)
         pass_hat[k] = _estimate(float(hat.mean()), hat[idx].mean(axis=1), outcomes.num_tasks)
 
@@ -233,8 +236,9 @@ def score_env(outcomes: TaskOutcomes, baseline: Baseline | None = None,
         norm_reps = (reps - baseline.random) / span
         lo, hi = sorted(((success.low - baseline.random) / span, (success.high - baseline.random) / span))
         normalised = Estimate((success.value - baseline.random) / span, lo, hi, outcomes.num_tasks)
-    return EnvScore(outcomes.env_id, success, normalised, pass_at, pass_hat, baseline,
-                    outcomes.num_episodes, reps, norm_reps)
+    return EnvScore(
+        outcomes.env_id, success, normalised, pass_at, pass_hat, baseline, outcomes.num_episodes, reps, norm_reps
+    )
 
 
 def aggregate(scores: Sequence[EnvScore], *, normalised: bool) -> Estimate | None:
@@ -249,7 +253,7 @@ def aggregate(scores: Sequence[EnvScore], *, normalised: bool) -> Estimate | Non
         if any(s.normalised is None or s.normalised_replicates is None for s in scores):
             return None
         members = [s.normalised for s in scores]
-        reps = np.mean([s.normalised_replicates for s in scores], axis=0)
+        reps = np.mean([s.normalised_replicates for s in scores if s.normalised_replicates is not None], axis=0)
     else:
         members = [s.success for s in scores]
         reps = np.mean([s.success_replicates for s in scores], axis=0)

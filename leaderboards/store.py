@@ -100,11 +100,18 @@ class ResultsStore:
             db.execute(
                 "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
-                    rid, where, str(summary.get("label") or summary.get("agent") or ""), str(summary.get("agent", "")),
-                    str(suite.get("name", "custom")), summary["comparability_key"], summary["config_hash"],
+                    rid,
+                    where,
+                    str(summary.get("label") or summary.get("agent") or ""),
+                    str(summary.get("agent", "")),
+                    str(suite.get("name", "custom")),
+                    summary["comparability_key"],
+                    summary["config_hash"],
                     int(bool(summary.get("complete"))),
-                    (suite.get("normalised") or {}).get("value"), (suite.get("success") or {}).get("value"),
-                    int(counts.get("planned", 0)) - int(counts.get("missing", 0)), int(counts.get("errors", 0)),
+                    (suite.get("normalised") or {}).get("value"),
+                    (suite.get("success") or {}).get("value"),
+                    int(counts.get("planned", 0)) - int(counts.get("missing", 0)),
+                    int(counts.get("errors", 0)),
                     datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     json.dumps(summary, sort_keys=True),
                 ),
@@ -112,8 +119,14 @@ class ResultsStore:
             db.executemany(
                 "INSERT INTO env_scores VALUES (?,?,?,?,?,?)",
                 [
-                    (rid, env_id, (e.get("success") or {}).get("value"), (e.get("normalised") or {}).get("value"),
-                     int(e.get("episodes", 0)), int(e.get("errors", 0)))
+                    (
+                        rid,
+                        env_id,
+                        (e.get("success") or {}).get("value"),
+                        (e.get("normalised") or {}).get("value"),
+                        int(e.get("episodes", 0)),
+                        int(e.get("errors", 0)),
+                    )
                     for env_id, e in res["envs"].items()
                 ],
             )
@@ -147,9 +160,13 @@ class ResultsStore:
         """The index columns of every run (for listings)."""
         with self._connect() as db:
             db.row_factory = sqlite3.Row
-            return [dict(r) for r in db.execute(
-                "SELECT run_id, label, agent, suite, comparability_key, complete, score, success, episodes, errors, "
-                "path FROM runs ORDER BY suite, score DESC")]
+            return [
+                dict(r)
+                for r in db.execute(
+                    "SELECT run_id, label, agent, suite, comparability_key, complete, score, success, episodes, "
+                    "errors, path FROM runs ORDER BY suite, score DESC"
+                )
+            ]
 
 
 __all__ = ["ResultsStore", "StoreError", "load_summary", "run_id"]

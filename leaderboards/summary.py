@@ -93,8 +93,11 @@ def build_summary(
     for e in config.envs:
         env_rows = by_env[e.env_id]
         entry: dict[str, Any] = {
-            "version": e.version, "difficulty": e.difficulty, "kwargs": e.kwargs,
-            "modalities": list(e.modalities), "tags": list(e.tags),
+            "version": e.version,
+            "difficulty": e.difficulty,
+            "kwargs": e.kwargs,
+            "modalities": list(e.modalities),
+            "tags": list(e.tags),
         }
         if env_rows:
             # an errored episode scores as a failure: it is counted under "errors", never dropped
@@ -123,12 +126,17 @@ def build_summary(
         "envs": envs_out,
         "modalities": group_scores(scores, modality_groups(config)),
         "tool_use": {
-            **(group_scores(scores, {"tools": tool_envs}).get("tools") or {"envs": [], "success": None, "normalised": None}),
+            **(
+                group_scores(scores, {"tools": tool_envs}).get("tools")
+                or {"envs": [], "success": None, "normalised": None}
+            ),
             "tool_calls": sum(r.tool_calls for r in rows),
             "episodes_with_tool_calls": sum(r.tool_calls > 0 for r in rows),
         },
         "counts": {
-            "planned": len(planned), "finished": len(rows) - errors, "errors": errors,
+            "planned": len(planned),
+            "finished": len(rows) - errors,
+            "errors": errors,
             "missing": len(planned) - len(rows),
             "error_types": dict(sorted(Counter(r.error_type or "error" for r in rows if r.error).items())),
         },

@@ -104,16 +104,22 @@ def build_groups(summaries: Iterable[dict[str, Any]]) -> list[Group]:
     for (suite, key), members in sorted(by_key.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1])):
         complete = [m for m in members if m.get("complete")]
         ranked_source = complete or members
-        metric = "normalised" if complete and all(
-            m["results"]["suite"].get("normalised") for m in complete) else "success"
+        metric = (
+            "normalised" if complete and all(m["results"]["suite"].get("normalised") for m in complete) else "success"
+        )
         first = members[0]
         envs = list(first["results"]["envs"])
         modality_cols = [m for m in MODALITY_ORDER if any(m in s["results"].get("modalities", {}) for s in members)]
         g = Group(
-            suite=suite, key=key, envs=envs,
-            env_versions={e: f"v{v['version']}" if v.get("version") is not None else "-"
-                          for e, v in first["results"]["envs"].items()},
-            metric=metric, modality_columns=modality_cols,
+            suite=suite,
+            key=key,
+            envs=envs,
+            env_versions={
+                e: f"v{v['version']}" if v.get("version") is not None else "-"
+                for e, v in first["results"]["envs"].items()
+            },
+            metric=metric,
+            modality_columns=modality_cols,
             has_tools=any((s["results"].get("tool_use") or {}).get("envs") for s in members),
         )
         rows = [_row(m, metric) for m in ranked_source if m.get("complete")]
@@ -138,8 +144,10 @@ def split_notes(groups: list[Group]) -> list[str]:
         suites.setdefault(g.suite, []).append(g)
     for suite, gs in suites.items():
         if len(gs) > 1:
-            notes.append(f"{suite}: {len(gs)} tables -- their runs used different env versions or settings "
-                         "and are not ranked together")
+            notes.append(
+                f"{suite}: {len(gs)} tables -- their runs used different env versions or settings "
+                "and are not ranked together"
+            )
     return notes
 
 

@@ -58,16 +58,16 @@ class ModalityRejected(FatalAgentError):
 class AgentOptions:
     """Options every agent understands (each uses what applies to it)."""
 
-    model: str | None = None          # served model name (openai:) or model folder (sglang:/hf:)
-    tokenizer: str | None = None      # tokenizer/processor folder when it differs from --model
+    model: str | None = None  # served model name (openai:) or model folder (sglang:/hf:)
+    tokenizer: str | None = None  # tokenizer/processor folder when it differs from --model
     api_key: str | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
     max_tokens: int = 512
-    thinking: bool | None = None      # None: the model's default; True/False: enable_thinking
-    seed: int = 0                     # base of every per-episode sampling seed
+    thinking: bool | None = None  # None: the model's default; True/False: enable_thinking
+    seed: int = 0  # base of every per-episode sampling seed
     timeout_s: float = 300.0
     tool_parser: str = "hermes"
     system_prompt: str | None = None
@@ -75,9 +75,15 @@ class AgentOptions:
     def sampling_config(self) -> dict[str, Any]:
         """The options that change what the model samples (they go into the config hash)."""
         return {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "min_p": self.min_p, "max_tokens": self.max_tokens, "thinking": self.thinking,
-            "seed": self.seed, "tool_parser": self.tool_parser, "system_prompt": self.system_prompt,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "max_tokens": self.max_tokens,
+            "thinking": self.thinking,
+            "seed": self.seed,
+            "tool_parser": self.tool_parser,
+            "system_prompt": self.system_prompt,
         }
 
 

@@ -20,7 +20,16 @@ from typing import Any
 from relax_gym.core import Env
 from relax_gym.types import Message, Observation
 
-from .base import Agent, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected, TurnResult, count_media
+from .base import (
+    Agent,
+    AgentOptions,
+    AgentSession,
+    EpisodeInfo,
+    FatalAgentError,
+    ModalityRejected,
+    TurnResult,
+    count_media,
+)
 from .local_chat import Conversation, LocalChat, ToolCallParser, describe_template
 
 
@@ -56,10 +65,9 @@ class HFAgent(Agent):
             raise FatalAgentError(f"hf: agent needs torch and transformers ({exc})") from None
         try:
             if self.vision:
-                from transformers import AutoConfig
-
                 # Qwen-VL input preparation is shared with the engine and the trainer
                 from relax_gym.trainer.models.processing import VisionTokens, load_image_processor
+                from transformers import AutoConfig
 
                 self.model = AutoModelForImageTextToText.from_pretrained(self.path)
                 self._image_processor = load_image_processor(self.path)
@@ -120,9 +128,10 @@ class HFAgent(Agent):
         input_ids = torch.tensor([ids])
         with self._lock, torch.no_grad():
             torch.manual_seed(seed)
-            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                      **gen_kwargs, **extra)
-        new = out[0, input_ids.shape[1]:].tolist()
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs, **extra
+            )
+        new = out[0, input_ids.shape[1] :].tolist()
         text = self.chat.tokenizer.decode(new, skip_special_tokens=True)
         return text, len(ids), len(new)
 
@@ -137,8 +146,11 @@ class _HFSession(AgentSession):
     async def act(self, observation: Observation) -> TurnResult:
         for kind in sorted(observation.modalities - {"text"}):
             if kind != "image" or not self.agent.vision:
-                raise ModalityRejected(kind, f"hf:{self.agent.path}", "this local model takes text"
-                                       + (" and images" if self.agent.vision else " only"))
+                raise ModalityRejected(
+                    kind,
+                    f"hf:{self.agent.path}",
+                    "this local model takes text" + (" and images" if self.agent.vision else " only"),
+                )
         self.conv.add_observation(observation)
         seed = self.episode.turn_seed(self.turn)
         self.turn += 1
@@ -146,9 +158,12 @@ class _HFSession(AgentSession):
         parser = self.agent.parser() if self.conv.tools else None
         action, reasoning, calls = self.conv.add_reply(text, parser)
         return TurnResult(
-            action=action, message=Message.assistant(action.text, tool_calls=calls),
-            prompt_tokens=n_prompt, completion_tokens=n_new,
-            media_sent=count_media(observation.messages), reasoning=reasoning,
+            action=action,
+            message=Message.assistant(action.text, tool_calls=calls),
+            prompt_tokens=n_prompt,
+            completion_tokens=n_new,
+            media_sent=count_media(observation.messages),
+            reasoning=reasoning,
         )
 
 

@@ -28,9 +28,13 @@ def load_tokenizer(path: str) -> Any:
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:  # pragma: no cover - transformers is in the train extra
-        raise FatalAgentError(f"the local chat template needs transformers ({exc}); pip install 'relax-gym[train]'") from None
+        raise FatalAgentError(
+            f"the local chat template needs transformers ({exc}); pip install 'relax-gym[train]'"
+        ) from None
     if not Path(path).exists():
-        raise FatalAgentError(f"tokenizer folder {path!r} does not exist (give the model folder with --model or --tokenizer)")
+        raise FatalAgentError(
+            f"tokenizer folder {path!r} does not exist (give the model folder with --model or --tokenizer)"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
@@ -78,10 +82,15 @@ class LocalChat:
         kwargs: dict[str, Any] = {}
         if self.options.thinking is not None:
             kwargs["enable_thinking"] = self.options.thinking
-        return str(self.tokenizer.apply_chat_template(
-            messages, tools=[t.to_openai() for t in tools] or None,
-            add_generation_prompt=True, tokenize=False, **kwargs,
-        ))
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=[t.to_openai() for t in tools] or None,
+                add_generation_prompt=True,
+                tokenize=False,
+                **kwargs,
+            )
+        )
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -95,13 +104,18 @@ class LocalChat:
     def require(self, modality: str) -> None:
         if not self.supports(modality):
             raise ModalityRejected(
-                modality, f"the chat template of {self.path}",
+                modality,
+                f"the chat template of {self.path}",
                 f"rendering {modality} content adds no special token for it",
             )
 
     def _probe(self, modality: str) -> bool:
-        with_media = [{"role": "user", "content": [
-            {"type": "text", "text": "A"}, {"type": modality}, {"type": "text", "text": "B"}]}]
+        with_media = [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "A"}, {"type": modality}, {"type": "text", "text": "B"}],
+            }
+        ]
         without = [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]
         try:
             a = self.encode(self.render(with_media, []))
@@ -174,7 +188,9 @@ class Conversation:
                 import base64
 
                 wav = encode_audio(part["audio"], int(part["sampling_rate"]), "wav")
-                out.setdefault("audio_data", []).append("data:audio/wav;base64," + base64.b64encode(wav).decode("ascii"))
+                out.setdefault("audio_data", []).append(
+                    "data:audio/wav;base64," + base64.b64encode(wav).decode("ascii")
+                )
             elif kind == "video":
                 out.setdefault("video_data", []).append(video_to_data_url(part["video"], float(part["fps"])))
         return out

@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 
 from relax_gym.core import Env
-from relax_gym.protocol import ChatCompletionRequest, ChatToolCall, EngineClient, EngineError, EngineTimeout, EngineUnavailable
+from relax_gym.protocol import (
+    ChatCompletionRequest,
+    ChatToolCall,
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+)
 from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
 from .base import (

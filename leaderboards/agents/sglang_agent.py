@@ -13,10 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.core import Env
-from relax_gym.protocol import EngineClient, EngineError, EngineTimeout, EngineUnavailable, GenerateRequest, SamplingParams
+from relax_gym.protocol import (
+    EngineClient,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    GenerateRequest,
+    SamplingParams,
+)
 from relax_gym.types import Message, Observation
 
-from .base import Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected, TurnResult, count_media
+from .base import (
+    Agent,
+    AgentError,
+    AgentOptions,
+    AgentSession,
+    EpisodeInfo,
+    FatalAgentError,
+    ModalityRejected,
+    TurnResult,
+    count_media,
+)
 from .local_chat import Conversation, LocalChat, ToolCallParser, describe_template
 from .openai_agent import _MODALITY_HINT, api_base
 
@@ -87,13 +104,20 @@ class _SGLangSession(AgentSession):
         assert chat is not None
         input_ids = chat.encode(self.conv.prompt())
         o = self.agent.options
+        media = self.conv.media_payload()
         request = GenerateRequest(
             input_ids=input_ids,
             sampling_params=SamplingParams(
-                max_new_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
-                min_p=o.min_p, sampling_seed=self.episode.turn_seed(self.turn),
+                max_new_tokens=o.max_tokens,
+                temperature=o.temperature,
+                top_p=o.top_p,
+                top_k=o.top_k,
+                min_p=o.min_p,
+                sampling_seed=self.episode.turn_seed(self.turn),
             ),
-            **self.conv.media_payload(),
+            image_data=media.get("image_data"),
+            audio_data=media.get("audio_data"),
+            video_data=media.get("video_data"),
         )
         self.turn += 1
         try:

@@ -72,7 +72,8 @@ class PictureEnv(relax_gym.Env):
 
 
 LOOKUP = ToolSpec(
-    "lookup", "Return the secret word.",
+    "lookup",
+    "Return the secret word.",
     {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
 )
 
@@ -87,8 +88,9 @@ class LookupEnv(relax_gym.Env):
         super().reset(seed=seed)
         self.secret = ["apple", "river", "stone", "cloud"][int(self.np_random.integers(0, 4))]
         self.calls = 0
-        return Observation([Message.user("Find the secret word with the lookup tool, then reply with it.")],
-                           tools=[LOOKUP]), {}
+        return Observation(
+            [Message.user("Find the secret word with the lookup tool, then reply with it.")], tools=[LOOKUP]
+        ), {}
 
     def step(self, action: Action | str):
         act = Action.coerce(action)
@@ -135,10 +137,12 @@ def register_all() -> None:
     relax_gym.register("lbtest/Picture-v0", PictureEnv)
     relax_gym.register("lbtest/Lookup-v0", LookupEnv)
     relax_gym.register("lbtest/Flaky-v0", FlakyEnv)
-    relax_gym.register_suite("lbtest/mini-v0", ["lbtest/Pick-v0", "lbtest/Picture-v0", "lbtest/Lookup-v0"],
-                             episodes_per_env=6)
-    relax_gym.register_suite("lbtest/mini-v1", ["lbtest/Pick-v1", "lbtest/Picture-v0", "lbtest/Lookup-v0"],
-                             episodes_per_env=6)
+    relax_gym.register_suite(
+        "lbtest/mini-v0", ["lbtest/Pick-v0", "lbtest/Picture-v0", "lbtest/Lookup-v0"], episodes_per_env=6
+    )
+    relax_gym.register_suite(
+        "lbtest/mini-v1", ["lbtest/Pick-v1", "lbtest/Picture-v0", "lbtest/Lookup-v0"], episodes_per_env=6
+    )
     relax_gym.register_suite("lbtest/flaky-v0", ["lbtest/Pick-v0", "lbtest/Flaky-v0"], episodes_per_env=9)
 
 

@@ -32,7 +32,7 @@ from .envs_for_tests import COLOURS
 def _colour_of(data_url: str) -> str:
     raw = base64.b64decode(data_url.split(",", 1)[1])
     pixel = Image.open(io.BytesIO(raw)).convert("RGB").getpixel((5, 5))
-    return min(COLOURS, key=lambda c: sum((a - b) ** 2 for a, b in zip(COLOURS[c], pixel)))  # type: ignore[arg-type]
+    return min(COLOURS, key=lambda c: sum((a - b) ** 2 for a, b in zip(COLOURS[c], pixel, strict=True)))  # type: ignore[arg-type]
 
 
 class ScriptedServer:
@@ -65,16 +65,23 @@ class ScriptedServer:
         parts = [p for m in messages if isinstance(m.get("content"), list) for p in m["content"]]
         images = [p["image_url"]["url"] for p in parts if p.get("type") == "image_url"]
         if self.mode == "reject_images" and images:
-            return JSONResponse({"error": {"message": "image input is not supported by this model",
-                                           "type": "BadRequestError"}}, status_code=400)
+            return JSONResponse(
+                {"error": {"message": "image input is not supported by this model", "type": "BadRequestError"}},
+                status_code=400,
+            )
         if self.mode == "slow":
             await asyncio.sleep(1.5)
         message: dict[str, Any] = {"role": "assistant", "content": None}
         tool_msgs = [m for m in messages if m["role"] == "tool"]
         if body.get("tools") and not tool_msgs:
             args = "{not json" if self.mode == "bad_args" else '{"key": "secret"}'
-            message["tool_calls"] = [{"id": f"call_{len(self.requests)}", "type": "function",
-                                      "function": {"name": body["tools"][0]["function"]["name"], "arguments": args}}]
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{len(self.requests)}",
+                    "type": "function",
+                    "function": {"name": body["tools"][0]["function"]["name"], "arguments": args},
+                }
+            ]
         elif tool_msgs:
             message["content"] = tool_msgs[-1]["content"]
         elif images:
@@ -84,14 +91,21 @@ class ScriptedServer:
             message["content"] = str(last).rstrip(".").split()[-1]
         if self.mode == "think" and message["content"]:
             message["content"] = f"<think>easy one</think>{message['content']}"
-        return JSONResponse({
-            "id": "x", "object": "chat.completion", "created": 0, "model": body.get("model", ""),
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 10 + 50 * len(images), "completion_tokens": 3, "total_tokens": 13},
-        })
+        return JSONResponse(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", ""),
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 10 + 50 * len(images), "completion_tokens": 3, "total_tokens": 13},
+            }
+        )
 
     def __enter__(self) -> ScriptedServer:
-        app = Starlette(routes=[Route("/v1/models", self._models), Route("/v1/chat/completions", self._chat, methods=["POST"])])
+        app = Starlette(
+            routes=[Route("/v1/models", self._models), Route("/v1/chat/completions", self._chat, methods=["POST"])]
+        )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]

@@ -17,20 +17,30 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-
-from relax_gym.cli.main import main
 from relax_gym.leaderboards import run_eval
 from relax_gym.leaderboards.render_html import BAR, BASELINE_BAR
+
+from relax_gym.cli.main import main
 
 from .envs_for_tests import BASELINES
 
 pytestmark = pytest.mark.slow
 
 FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-default-apps", "--disable-sync", "--disable-extensions",
-    "--no-first-run", "--no-default-browser-check", "--metrics-recording-only", "--mute-audio",
-    "--hide-scrollbars", "--virtual-time-budget=5000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-default-apps",
+    "--disable-sync",
+    "--disable-extensions",
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--metrics-recording-only",
+    "--mute-audio",
+    "--hide-scrollbars",
+    "--virtual-time-budget=5000",
 ]
 
 
@@ -82,11 +92,15 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = root / "baselines.json"
     base.write_text(json.dumps(BASELINES))
     runs = []
-    for name, spec, suite in [("oracle", "oracle", "lbtest/mini-v0"), ("random", "random", "lbtest/mini-v0"),
-                              ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
-                              ("random-v1", "random", "lbtest/mini-v1")]:
-        asyncio.run(run_eval(spec, root / name, suite=suite, attempts=2, baselines_file=base, label=name,
-                             progress=False))
+    for name, spec, suite in [
+        ("oracle", "oracle", "lbtest/mini-v0"),
+        ("random", "random", "lbtest/mini-v0"),
+        ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
+        ("random-v1", "random", "lbtest/mini-v1"),
+    ]:
+        asyncio.run(
+            run_eval(spec, root / name, suite=suite, attempts=2, baselines_file=base, label=name, progress=False)
+        )
         runs.append(str(root / name))
     out = root / "site" / "index.html"
     assert main(["leaderboard", *runs, "--db", str(root / "lb.sqlite"), "--format", "html", "--out", str(out)]) == 0
@@ -118,8 +132,10 @@ def test_tables_render_and_sort_in_chromium(page: Path, tmp_path: Path) -> None:
     # numeric columns sort descending on the first click, ascending on the second
     worst_first = _dump(page, "#sort=score:asc", tmp_path)
     assert worst_first.tables["g0-table"]["labels"] == ["random", "echo", "oracle"]
-    assert worst_first.tables["g0-table"]["sort"] == {**{k: None for k in worst_first.tables["g0-table"]["sort"]},
-                                                      "score": "ascending"}
+    assert worst_first.tables["g0-table"]["sort"] == {
+        **{k: None for k in worst_first.tables["g0-table"]["sort"]},
+        "score": "ascending",
+    }
     best_first = _dump(page, "#sort=image:desc", tmp_path)
     assert best_first.tables["g0-table"]["labels"][0] == "oracle"
     assert best_first.tables["g0-table"]["sort"]["image"] == "descending"
@@ -127,8 +143,14 @@ def test_tables_render_and_sort_in_chromium(page: Path, tmp_path: Path) -> None:
 
 def test_chart_bars_are_painted(page: Path, tmp_path: Path) -> None:
     shot = tmp_path / "shot.png"
-    cmd = [_chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,2400",
-           f"--screenshot={shot}", page.as_uri()]
+    cmd = [
+        _chromium(),
+        *FLAGS,
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,2400",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0 and shot.exists(), proc.stderr[-2000:]
     img = Image.open(shot).convert("RGB")
@@ -136,7 +158,7 @@ def test_chart_bars_are_painted(page: Path, tmp_path: Path) -> None:
     counts = {rgb: n for n, rgb in colours}
 
     def rgb(hex_colour: str) -> tuple[int, int, int]:
-        return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
+        return tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
 
     # the custom agent's bar is blue, the baselines' grey; each bar is 20 px high
     assert counts.get(rgb(BAR), 0) > 20 * 50

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from relax_gym.leaderboards import AgentOptions, run_eval
 from relax_gym.leaderboards.records import read_records
 
@@ -55,8 +54,9 @@ def _text_tokens(model: Path, rows: list[Any], out: Path) -> dict[tuple[str, int
     for r in rows:
         doc = json.loads((out / r.transcript).read_text())
         text = "".join(p["text"] for p in doc["messages"][0]["content"] if p["type"] == "text")
-        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                           tokenize=False)
+        rendered = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         lengths[r.key] = len(tok(rendered, add_special_tokens=False)["input_ids"])
     return lengths
 
@@ -69,7 +69,8 @@ def _check_images_reached_the_model(model: Path, out: Path) -> None:
     text_only = _text_tokens(model, image_rows, out)
     # <|vision_start|> + at least one <|image_pad|> + <|vision_end|> beyond the text
     assert all(r.prompt_tokens >= text_only[r.key] + 3 for r in image_rows), [
-        (r.prompt_tokens, text_only[r.key]) for r in image_rows]
+        (r.prompt_tokens, text_only[r.key]) for r in image_rows
+    ]
 
 
 def test_openai_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path], tmp_path: Path) -> None:
@@ -88,8 +89,9 @@ def test_sglang_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path
     assert res.summary["config"]["agent"]["chat_template_sha256"]
     _check_images_reached_the_model(models["vl"], tmp_path / "sg")
     # without --model the tokenizer is found through the server's /get_model_info
-    found = _run(f"sglang:{engine.url}", tmp_path / "sg2", AgentOptions(max_tokens=4), env_ids=["lbtest/Pick-v0"],
-                 episodes=1)
+    found = _run(
+        f"sglang:{engine.url}", tmp_path / "sg2", AgentOptions(max_tokens=4), env_ids=["lbtest/Pick-v0"], episodes=1
+    )
     assert found.fatal is None and found.summary["complete"]
     stopped = _run(f"sglang:{engine.url}", tmp_path / "sg-audio", opts, env_ids=["relax/SenseCount-v0"], episodes=1)
     assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal

@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from relax_gym.cli.main import main
 from relax_gym.leaderboards import run_eval
 from relax_gym.leaderboards.boards import BOARDS, Board
 from relax_gym.leaderboards.render_html import render_html
 from relax_gym.leaderboards.render_md import render_markdown
 from relax_gym.leaderboards.store import ResultsStore, StoreError, load_summary
 from relax_gym.leaderboards.table import build_groups
+
+from relax_gym.cli.main import main
 
 
 def _run(spec: str, out: Path, **kw: Any) -> dict[str, Any]:
@@ -33,9 +33,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     base.write_text(json.dumps(BASELINES))
     out = {}
-    for name, spec, suite in [("oracle", "oracle", "lbtest/mini-v0"), ("random", "random", "lbtest/mini-v0"),
-                              ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
-                              ("random-v1", "random", "lbtest/mini-v1")]:
+    for name, spec, suite in [
+        ("oracle", "oracle", "lbtest/mini-v0"),
+        ("random", "random", "lbtest/mini-v0"),
+        ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
+        ("random-v1", "random", "lbtest/mini-v1"),
+    ]:
         _run(spec, root / name, suite=suite, attempts=2, baselines_file=base, label=name)
         out[name] = root / name
     return out
@@ -89,8 +92,18 @@ def test_incomplete_runs_are_listed_but_not_ranked(runs: dict[str, Path]) -> Non
 def test_markdown_has_scores_with_intervals(runs: dict[str, Path]) -> None:
     md = render_markdown(build_groups([load_summary(runs[n]) for n in ("oracle", "random")]))
     header = next(line for line in md.splitlines() if line.startswith("| # |"))
-    assert header.split("|")[1:-1] == [" # ", " Model ", " Agent ", " Score ", " Success ", " text ", " image ",
-                                        " tools ", " Episodes ", " Errors "]
+    assert header.split("|")[1:-1] == [
+        " # ",
+        " Model ",
+        " Agent ",
+        " Score ",
+        " Success ",
+        " text ",
+        " image ",
+        " tools ",
+        " Episodes ",
+        " Errors ",
+    ]
     oracle_row = next(line for line in md.splitlines() if line.startswith("| 1 | oracle"))
     assert "1.000 (" in oracle_row and "–1.000)" in oracle_row
     assert "Per env" in md and "lbtest/Lookup-v0" in md
@@ -107,26 +120,79 @@ def test_html_is_self_contained_with_table_and_chart(runs: dict[str, Path]) -> N
     assert 'data-key="score" data-type="num"' in page
 
 
-def test_eval_and_leaderboard_clis(tmp_path: Path, runs: dict[str, Path], capsys: pytest.CaptureFixture[str],
-                                   baselines_file: Path) -> None:
+def test_eval_and_leaderboard_clis(
+    tmp_path: Path, runs: dict[str, Path], capsys: pytest.CaptureFixture[str], baselines_file: Path
+) -> None:
     out = tmp_path / "cli"
-    code = main(["eval", "--env", "lbtest/Pick-v0", "--env", "lbtest/Picture-v0", "--episodes", "3", "--agent",
-                 "oracle", "--out", str(out), "--no-progress", "--baselines", str(baselines_file)])
+    code = main(
+        [
+            "eval",
+            "--env",
+            "lbtest/Pick-v0",
+            "--env",
+            "lbtest/Picture-v0",
+            "--episodes",
+            "3",
+            "--agent",
+            "oracle",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--baselines",
+            str(baselines_file),
+        ]
+    )
     text = capsys.readouterr().out
     assert code == 0 and "lbtest/Picture-v0" in text and "1.000 [" in text
-    assert main(["eval", "--env", "lbtest/Pick-v0", "--episodes", "3", "--agent", "oracle", "--out", str(out),
-                 "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "--env",
+                "lbtest/Pick-v0",
+                "--episodes",
+                "3",
+                "--agent",
+                "oracle",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "--resume" in capsys.readouterr().err
-    assert main(["eval", "--suite", "lbtest/flaky-v0", "--agent", "oracle", "--out", str(tmp_path / "fl"),
-                 "--no-progress", "--json"]) == 1  # done, with episode errors
+    assert (
+        main(
+            [
+                "eval",
+                "--suite",
+                "lbtest/flaky-v0",
+                "--agent",
+                "oracle",
+                "--out",
+                str(tmp_path / "fl"),
+                "--no-progress",
+                "--json",
+            ]
+        )
+        == 1
+    )  # done, with episode errors
     assert json.loads(capsys.readouterr().out)["counts"]["errors"] > 0
     assert main(["eval", "--agent", "oracle", "--out", str(tmp_path / "x")]) == 2
     # leaderboard: runs/* may match files that are not runs; the index lands in --db
     (tmp_path / "notes.txt").write_text("not a run")
     db = tmp_path / "lb.sqlite"
     page = tmp_path / "site" / "index.html"
-    args = [str(p) for p in runs.values()] + [str(tmp_path / "notes.txt"), "--db", str(db), "--format", "html",
-                                               "--out", str(page)]
+    args = [str(p) for p in runs.values()] + [
+        str(tmp_path / "notes.txt"),
+        "--db",
+        str(db),
+        "--format",
+        "html",
+        "--out",
+        str(page),
+    ]
     assert main(["leaderboard", *args]) == 0
     assert page.read_text().count('class="bar"') == 4
     assert main(["leaderboard", "--db", str(db), "--format", "md", "--suite", "lbtest/mini-v1"]) == 0
@@ -137,12 +203,23 @@ def test_eval_and_leaderboard_clis(tmp_path: Path, runs: dict[str, Path], capsys
     assert main(["leaderboard", str(tmp_path / "notes.txt"), "--no-db"]) == 2
 
 
-def test_make_baselines_runs_and_indexes_random_and_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_make_baselines_runs_and_indexes_random_and_oracle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(BOARDS, "lbtest", Board("lbtest", "lbtest/mini-v0", 3, 2, "test", "test board"))
     db = tmp_path / "lb.sqlite"
-    argv = ["leaderboard", "--make-baselines", "--board", "lbtest", "--runs-dir", str(tmp_path / "base"),
-            "--extra-agent", "echo=python:tests.leaderboards.test_runner:echo_policy", "--db", str(db)]
+    argv = [
+        "leaderboard",
+        "--make-baselines",
+        "--board",
+        "lbtest",
+        "--runs-dir",
+        str(tmp_path / "base"),
+        "--extra-agent",
+        "echo=python:tests.leaderboards.test_runner:echo_policy",
+        "--db",
+        str(db),
+    ]
     assert main(argv) == 0
     md = capsys.readouterr().out
     assert re.search(r"\| 1 \| (echo|oracle) \|", md) and "| 3 | random |" in md

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from relax_gym.leaderboards import AgentOptions, FatalAgentError, run_eval
 from relax_gym.leaderboards.agents.openai_agent import api_base, tool_calls_from_reply
 from relax_gym.leaderboards.records import read_records
+
 from relax_gym.protocol import ChatToolCall, ChatToolCallFunction
 
 from .scripted_server import ScriptedServer
@@ -33,18 +33,33 @@ def test_native_tools_media_parts_and_options_go_over_the_wire(tmp_path: Path) -
     for env_id, e in s["results"]["envs"].items():
         assert e["success"]["value"] == 1.0, env_id
     reqs = server.requests
-    assert all(r["model"] == "scripted" and r["temperature"] == 0.7 and r["top_k"] == 20 and r["max_tokens"] == 64
-               and r["chat_template_kwargs"] == {"enable_thinking": False} for r in reqs)
+    assert all(
+        r["model"] == "scripted"
+        and r["temperature"] == 0.7
+        and r["top_k"] == 20
+        and r["max_tokens"] == 64
+        and r["chat_template_kwargs"] == {"enable_thinking": False}
+        for r in reqs
+    )
     assert len({r["seed"] for r in reqs}) == len(reqs)  # a distinct sampling seed per episode turn
     image_reqs = [r for r in reqs if isinstance(r["messages"][-1]["content"], list)]
     assert len(image_reqs) == 6
-    assert all(p["image_url"]["url"].startswith("data:image/png;base64,")
-               for r in image_reqs for p in r["messages"][-1]["content"] if p["type"] == "image_url")
+    assert all(
+        p["image_url"]["url"].startswith("data:image/png;base64,")
+        for r in image_reqs
+        for p in r["messages"][-1]["content"]
+        if p["type"] == "image_url"
+    )
     # tools: declared natively, called with structured tool_calls, answered by a tool message
     tool_reqs = [r for r in reqs if r.get("tools")]
-    assert tool_reqs and tool_reqs[0]["tools"][0] == {"type": "function", "function": {
-        "name": "lookup", "description": "Return the secret word.",
-        "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}
+    assert tool_reqs and tool_reqs[0]["tools"][0] == {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Return the secret word.",
+            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
+        },
+    }
     second = next(r for r in tool_reqs if any(m["role"] == "tool" for m in r["messages"]))
     call = next(m for m in second["messages"] if m["role"] == "assistant")["tool_calls"][0]
     answer = next(m for m in second["messages"] if m["role"] == "tool")
@@ -80,8 +95,14 @@ def row_answer(doc: dict[str, Any]) -> str:
 
 def test_timeouts_are_episode_errors_and_the_run_goes_on(tmp_path: Path) -> None:
     with ScriptedServer(mode="slow") as server:
-        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(timeout_s=0.3), env_ids=["lbtest/Pick-v0"],
-                   episodes=3, concurrency=3)
+        res = _run(
+            f"openai:{server.url}",
+            tmp_path / "r",
+            AgentOptions(timeout_s=0.3),
+            env_ids=["lbtest/Pick-v0"],
+            episodes=3,
+            concurrency=3,
+        )
     counts = res.summary["results"]["counts"]
     assert res.fatal is None and counts["errors"] == 3 and counts["error_types"] == {"agent": 3}
     assert all("timed out" in (r.error or "") for r in read_records(tmp_path / "r" / "episodes.jsonl"))
@@ -99,8 +120,13 @@ def test_api_key_and_reachability_are_checked_before_any_episode(tmp_path: Path)
     with ScriptedServer(api_key="sekrit") as server:
         with pytest.raises(FatalAgentError, match="API key"):
             _run(f"openai:{server.url}", tmp_path / "a", AgentOptions(api_key="wrong"), env_ids=["lbtest/Pick-v0"])
-        ok = _run(f"openai:{server.url}", tmp_path / "b", AgentOptions(api_key="sekrit"), env_ids=["lbtest/Pick-v0"],
-                  episodes=2)
+        ok = _run(
+            f"openai:{server.url}",
+            tmp_path / "b",
+            AgentOptions(api_key="sekrit"),
+            env_ids=["lbtest/Pick-v0"],
+            episodes=2,
+        )
         assert ok.summary["complete"] and all(r["model"] == "default" for r in server.requests)
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -111,11 +137,13 @@ def test_api_key_and_reachability_are_checked_before_any_episode(tmp_path: Path)
 
 
 def test_tool_call_conversion_and_api_base() -> None:
-    calls, errors = tool_calls_from_reply([
-        ChatToolCall(id="a", function=ChatToolCallFunction(name="f", arguments='{"x": 1}')),
-        ChatToolCall(id="b", function=ChatToolCallFunction(name="g", arguments="[1]")),
-        ChatToolCall(id="", function=ChatToolCallFunction(name="h", arguments="")),
-    ])
+    calls, errors = tool_calls_from_reply(
+        [
+            ChatToolCall(id="a", function=ChatToolCallFunction(name="f", arguments='{"x": 1}')),
+            ChatToolCall(id="b", function=ChatToolCallFunction(name="g", arguments="[1]")),
+            ChatToolCall(id="", function=ChatToolCallFunction(name="h", arguments="")),
+        ]
+    )
     assert [(c.name, c.arguments, c.id) for c in calls] == [("f", {"x": 1}, "a"), ("h", {}, "call_2")]
     assert len(errors) == 1 and "JSON object" in errors[0]
     assert api_base("http://h:1/v1/") == api_base("http://h:1") == "http://h:1"

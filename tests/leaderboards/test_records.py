@@ -16,14 +16,38 @@ from relax_gym.leaderboards.records import (
 
 
 def test_round_trip_uses_the_field_names_of_the_issue(tmp_path: Path) -> None:
-    rec = EpisodeRecord(env_id="ns/E-v1", env_version=1, seed=5, attempt=2, success=True, **{"return": 1.5},
-                        reward_components={"correct": 1.0}, media_sent={"image": 2}, error=None)
+    rec = EpisodeRecord(
+        env_id="ns/E-v1",
+        env_version=1,
+        seed=5,
+        attempt=2,
+        success=True,
+        **{"return": 1.5},
+        reward_components={"correct": 1.0},
+        media_sent={"image": 2},
+        error=None,
+    )
     with RecordWriter(tmp_path / "e.jsonl") as w:
         w.write(rec)
     row = json.loads((tmp_path / "e.jsonl").read_text())
-    for field in ("env_id", "env_version", "seed", "attempt", "success", "return", "reward_components", "turns",
-                  "tool_calls", "invalid_actions", "parse_errors", "prompt_tokens", "completion_tokens",
-                  "wall_s", "error", "transcript"):
+    for field in (
+        "env_id",
+        "env_version",
+        "seed",
+        "attempt",
+        "success",
+        "return",
+        "reward_components",
+        "turns",
+        "tool_calls",
+        "invalid_actions",
+        "parse_errors",
+        "prompt_tokens",
+        "completion_tokens",
+        "wall_s",
+        "error",
+        "transcript",
+    ):
         assert field in row, field
     back = read_records(tmp_path / "e.jsonl")
     assert back == [rec] and back[0].return_ == 1.5 and back[0].key == ("ns/E-v1", 5, 2)

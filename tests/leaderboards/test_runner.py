@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from relax_gym import Action, Message, ToolSpec
 from relax_gym.leaderboards import AgentOptions, ModalityRejected, RunError, make_agent, plan, run_eval
 from relax_gym.leaderboards.agents import Agent, AgentSession, EpisodeInfo, TurnResult
 from relax_gym.leaderboards.records import read_records
 from relax_gym.leaderboards.runner import EvalRunner
+
+from relax_gym import Action, Message, ToolSpec
 
 
 def _run(spec: str, out: Path, **kw: Any):
@@ -43,7 +43,10 @@ def test_oracle_scores_one_everywhere_with_complete_outputs(tmp_path: Path, base
     assert picture.media_sent == {}  # the oracle sends the model nothing
     doc = json.loads((tmp_path / "o" / picture.transcript).read_text())
     image_parts = [p for m in doc["messages"] for p in m["content"] if p["type"] == "image"]
-    assert image_parts and (tmp_path / "o" / "transcripts" / "lbtest_Picture-v0" / doc["media_dir"] / image_parts[0]["path"]).is_file()
+    assert (
+        image_parts
+        and (tmp_path / "o" / "transcripts" / "lbtest_Picture-v0" / doc["media_dir"] / image_parts[0]["path"]).is_file()
+    )
     assert "base64" not in (tmp_path / "o" / picture.transcript).read_text()
     lookup = next(r for r in rows if r.env_id == "lbtest/Lookup-v0")
     assert lookup.turns == 2 and lookup.tool_calls == 1
@@ -66,8 +69,9 @@ def test_shipped_core_suite_oracle_scores_one_and_random_matches_its_baseline(tm
 
 
 def test_random_agent_scores_near_chance_on_a_known_env(tmp_path: Path, baselines_file: Path) -> None:
-    s = _run("random", tmp_path / "r", env_ids=["lbtest/Pick-v0"], episodes=60, attempts=2,
-             baselines_file=baselines_file).summary
+    s = _run(
+        "random", tmp_path / "r", env_ids=["lbtest/Pick-v0"], episodes=60, attempts=2, baselines_file=baselines_file
+    ).summary
     e = s["results"]["envs"]["lbtest/Pick-v0"]
     assert e["success"]["low"] <= 0.25 <= e["success"]["high"]
     assert e["normalised"]["low"] <= 0.0 <= e["normalised"]["high"]
@@ -75,8 +79,9 @@ def test_random_agent_scores_near_chance_on_a_known_env(tmp_path: Path, baseline
 
 
 def test_resumed_run_gives_the_same_summary(tmp_path: Path, baselines_file: Path) -> None:
-    full = _run("random", tmp_path / "full", suite="lbtest/mini-v0", attempts=3, concurrency=3,
-                baselines_file=baselines_file).summary
+    full = _run(
+        "random", tmp_path / "full", suite="lbtest/mini-v0", attempts=3, concurrency=3, baselines_file=baselines_file
+    ).summary
 
     # the same run, killed after 10 episodes
     class Killed(Exception):
@@ -92,8 +97,15 @@ def test_resumed_run_gives_the_same_summary(tmp_path: Path, baselines_file: Path
     async def interrupted() -> None:
         agent = make_agent("random", AgentOptions())
         cfg = plan(agent=agent.describe(), sampling={"seed": 0}, suite="lbtest/mini-v0", attempts=3)
-        await EvalRunner(cfg, agent, tmp_path / "part", concurrency=3, progress=False,
-                         baselines_file=baselines_file, on_record=stop_after_ten).run()
+        await EvalRunner(
+            cfg,
+            agent,
+            tmp_path / "part",
+            concurrency=3,
+            progress=False,
+            baselines_file=baselines_file,
+            on_record=stop_after_ten,
+        ).run()
 
     with pytest.raises(Killed):
         asyncio.run(interrupted())
@@ -103,8 +115,9 @@ def test_resumed_run_gives_the_same_summary(tmp_path: Path, baselines_file: Path
         f.write('{"env_id": "lbtest/Pick-v0", "seed": 1')
     with pytest.raises(RunError, match="--resume"):
         _run("random", tmp_path / "part", suite="lbtest/mini-v0", attempts=3, baselines_file=baselines_file)
-    resumed = _run("random", tmp_path / "part", suite="lbtest/mini-v0", attempts=3, resume=True,
-                   baselines_file=baselines_file)
+    resumed = _run(
+        "random", tmp_path / "part", suite="lbtest/mini-v0", attempts=3, resume=True, baselines_file=baselines_file
+    )
     assert resumed.skipped >= 10 and resumed.ran == 54 - resumed.skipped
     assert any("unreadable row" in p for p in resumed.problems)
     s = resumed.summary
@@ -112,8 +125,9 @@ def test_resumed_run_gives_the_same_summary(tmp_path: Path, baselines_file: Path
         assert s[field] == full[field], field
     assert (tmp_path / "part" / "unreadable_rows.txt").read_text().startswith('{"env_id": "lbtest/Pick-v0"')
     # resuming a finished run runs nothing and changes nothing
-    again = _run("random", tmp_path / "part", suite="lbtest/mini-v0", attempts=3, resume=True,
-                 baselines_file=baselines_file)
+    again = _run(
+        "random", tmp_path / "part", suite="lbtest/mini-v0", attempts=3, resume=True, baselines_file=baselines_file
+    )
     assert again.ran == 0 and again.summary["results"] == full["results"]
 
 
@@ -171,8 +185,13 @@ class _RejectsImages(Agent):
 
 
 def test_modality_rejection_stops_the_run_and_keeps_finished_rows(tmp_path: Path) -> None:
-    res = _run("python:tests.leaderboards.test_runner:_RejectsImages", tmp_path / "m",
-               env_ids=["lbtest/Pick-v0", "lbtest/Picture-v0"], episodes=4, concurrency=1)
+    res = _run(
+        "python:tests.leaderboards.test_runner:_RejectsImages",
+        tmp_path / "m",
+        env_ids=["lbtest/Pick-v0", "lbtest/Picture-v0"],
+        episodes=4,
+        concurrency=1,
+    )
     assert res.fatal is not None and "does not accept image input" in res.fatal
     assert not res.summary["complete"]
     rows = read_records(tmp_path / "m" / "episodes.jsonl")
@@ -186,8 +205,9 @@ def echo_policy(messages: list[Message], tools: list[ToolSpec]) -> str:
 
 
 def test_python_policy_agent(tmp_path: Path) -> None:
-    res = _run("python:tests.leaderboards.test_runner:echo_policy", tmp_path / "p",
-               env_ids=["lbtest/Pick-v0"], episodes=5)
+    res = _run(
+        "python:tests.leaderboards.test_runner:echo_policy", tmp_path / "p", env_ids=["lbtest/Pick-v0"], episodes=5
+    )
     assert res.summary["results"]["envs"]["lbtest/Pick-v0"]["success"]["value"] == 1.0
     assert res.summary["config"]["agent"]["spec"].startswith("python:")
 
@@ -213,8 +233,12 @@ def test_split_thinking() -> None:
 
 
 def test_action_parse_errors_are_counted(tmp_path: Path) -> None:
-    res = _run("python:tests.leaderboards.test_runner:bad_tool_policy", tmp_path / "b",
-               env_ids=["lbtest/Lookup-v0"], episodes=2)
+    res = _run(
+        "python:tests.leaderboards.test_runner:bad_tool_policy",
+        tmp_path / "b",
+        env_ids=["lbtest/Lookup-v0"],
+        episodes=2,
+    )
     rows = read_records(tmp_path / "b" / "episodes.jsonl")
     assert all(r.parse_errors == 3 and r.invalid_actions == 3 and r.truncated for r in rows)
     assert res.summary["results"]["envs"]["lbtest/Lookup-v0"]["parse_errors"] == 6

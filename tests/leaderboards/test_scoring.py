@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-
 from relax_gym.leaderboards.scoring import (
     Baseline,
     TaskOutcomes,
