@@ -185,7 +185,12 @@ def run(args: argparse.Namespace) -> int:
     if runs and not summaries:
         return fail("none of the given folders holds an eval run (summary.json)", 2)
     groups = build_groups(summaries)
-    title = args.title or "relax-gym leaderboard"
+    title = args.title
+    if title is None and args.board:
+        from .boards import get_board
+
+        title = get_board(args.board).title
+    title = title or "relax-gym leaderboard"
     page = render_html(groups, title=title) if args.format == "html" else render_markdown(groups, title=title)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ class Cell:
             return "–"
         if self.low is None or self.high is None:
             return f"{self.value:.{digits}f}"
-        return f"{self.value:.{digits}f} ({self.low:.{digits}f}–{self.high:.{digits}f})"
+        return f"{self.value:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
 
 
 @dataclass

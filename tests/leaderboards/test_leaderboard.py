@@ -105,7 +105,7 @@ def test_markdown_has_scores_with_intervals(runs: dict[str, Path]) -> None:
         " Errors ",
     ]
     oracle_row = next(line for line in md.splitlines() if line.startswith("| 1 | oracle"))
-    assert "1.000 (" in oracle_row and "–1.000)" in oracle_row
+    assert re.search(r"\| 1\.000 \[0\.\d{3}, 1\.000\] \|", oracle_row)
     assert "Per env" in md and "lbtest/Lookup-v0" in md
 
 
