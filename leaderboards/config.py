@@ -49,12 +49,15 @@ def describe_env(env_id: str, kwargs: dict[str, Any], max_turns: int | None) -> 
     env = make(env_id, max_turns=max_turns, **kwargs)
     try:
         difficulty = getattr(env.unwrapped, "difficulty", None)
+        # an instance may narrow what its class declares (a game built with render="text")
+        own = vars(env.unwrapped).get("modalities")
+        modalities = tuple(own) if own else tuple(s.resolved_modalities())
         return EnvInfo(
             env_id=env_id,
             version=s.version,
             kwargs=dict(kwargs),
             difficulty=str(difficulty) if difficulty is not None else None,
-            modalities=tuple(s.resolved_modalities()),
+            modalities=modalities,
             tags=tuple(s.resolved_tags()),
             max_turns=int(env.max_turns),
         )

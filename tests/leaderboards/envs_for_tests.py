@@ -49,16 +49,24 @@ class PickEnv(relax_gym.Env):
 
 
 class PictureEnv(relax_gym.Env):
-    """Name the colour of the square."""
+    """Name the colour of the square (shown as an image, or named in words with ``image=False``)."""
 
     max_turns = 1
     modalities = ("text", "image")
 
+    def __init__(self, image: bool = True) -> None:
+        self.image = image
+        if not image:
+            self.modalities = ("text",)  # this instance shows no image
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         self.colour = list(COLOURS)[int(self.np_random.integers(0, len(COLOURS)))]
+        question = "What colour is this square? Answer red, green or blue."
+        if not self.image:
+            return Observation([Message.user(f"The square is {self.colour}. {question}")]), {}
         img = Image.new("RGB", (32, 32), COLOURS[self.colour])
-        return Observation([Message.user("What colour is this square? Answer red, green or blue.", img)]), {}
+        return Observation([Message.user(question, img)]), {}
 
     def step(self, action: Action | str):
         ok = Action.coerce(action).text.strip().lower() == self.colour
