@@ -127,7 +127,6 @@ _BINOPS: dict[type[ast.operator], Callable[[Any, Any], Number]] = {
     ast.FloorDiv: _floordiv,
     ast.Mod: _mod,
     ast.Pow: _power,
-    ast.BitXor: _power,  # models write 2^10 for a power
 }
 _UNARY: dict[type[ast.unaryop], Callable[[Any], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
@@ -138,11 +137,14 @@ def evaluate(expression: str) -> Number:
         raise ToolError("the expression is empty")
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
-    text = expression.strip().replace("×", "*").replace("÷", "/").replace("−", "-")
+    # models write 2^10 for a power; as a token it must also bind like **, hence the rewrite
+    text = expression.strip().replace("×", "*").replace("÷", "/").replace("−", "-").replace("^", "**")
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
         raise ToolError(f"cannot parse {expression!r}: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ToolError("the expression is nested too deeply") from None
     try:
         return _eval(tree.body, 0)
     except ToolError:
