@@ -308,3 +308,126 @@ def qwen3vl_check(
         )
         out["export_reload_logprobs_equal"] = bool(torch.equal(again_lp, ref_lp))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Backend (training) checks.
+
+
+def grpo_batch(vocab: int, seed: int = 0) -> Any:
+    """A fixed GRPO-style batch: 2 groups of 3 variable-length answers, +-1 advantages."""
+    from relax_gym.trainer.backend import SequenceBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    input_ids, loss_mask, advantages, groups = [], [], [], []
+    for g in range(2):
+        prompt = torch.randint(0, vocab, (5 + g,), generator=gen).tolist()
+        for k, adv in enumerate((1.0, -1.0, 0.5)):
+            answer = torch.randint(0, vocab, (4 + 3 * k + g,), generator=gen).tolist()
+            input_ids.append(prompt + answer)
+            loss_mask.append([0] * len(prompt) + [1] * len(answer))
+            advantages.append(torch.full((len(prompt) + len(answer),), adv))
+            groups.append(str(g))
+    return SequenceBatch(
+        input_ids=input_ids, loss_mask=loss_mask, advantages=advantages, group_ids=groups
+    )
+
+
+def backend_check(
+    cfg: Any,
+    model_dir: str,
+    work_dir: str,
+    steps: int,
+    lr: float,
+    micro_batch_size: int,
+    compare_torch: bool,
+) -> Result:
+    """GRPO steps on MegatronBackend: packing vs HF, loss down, DP sync, save/load/continue."""
+    import dataclasses
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from relax_gym.trainer.algorithms import AlgorithmConfig
+    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
+    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from transformers import AutoModelForCausalLM
+
+    settings = OptimizerSettings(lr=lr, grad_clip=None)
+    backend = MegatronBackend(
+        model_dir,
+        megatron=cfg,
+        micro_batch_size=micro_batch_size,
+        logprob_micro_batch_size=micro_batch_size,
+        optimizer=settings,
+    )
+    batch = grpo_batch(backend.dims.vocab_size)
+    out: Result = {"dp": ps.get_data_parallel_world_size()}
+
+    # Packed logprobs == HF logprobs of each sequence run alone.
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    first = backend.compute_logprobs(batch, entropy=True)
+    diffs = []
+    for i, ids in enumerate(batch.input_ids):
+        t = torch.tensor([ids])
+        ref_lp, ref_ent = _hf_logprobs(hf, t)
+        mask = torch.tensor(batch.loss_mask[i][1:], dtype=torch.float32)
+        diffs.append(float(((first.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+        assert first.entropies is not None
+        diffs.append(float(((first.entropies[i][1:] - ref_ent[0]) * mask).abs().max()))
+        diffs.append(
+            float((first.logprobs[i] * (1 - torch.tensor(batch.loss_mask[i]))).abs().max())
+        )
+    out["packed_vs_hf_max_diff"] = max(diffs)
+
+    batch.old_logprobs = first.logprobs
+    objective = PolicyObjective(AlgorithmConfig())
+    losses, norms = [], []
+    for step in range(steps):
+        if step == steps - 1:
+            backend.save_state(Path(work_dir) / "state")
+        m = backend.train_step(batch, objective)
+        losses.append(m["loss"])
+        norms.append(m["grad_norm"])
+    out["losses"], out["grad_norms"], out["version"] = losses, norms, backend.version
+
+    # Data-parallel replicas hold identical parameters.
+    flat = torch.cat([p.detach().reshape(-1).float() for p in backend.ddp.parameters()])
+    if out["dp"] > 1:
+        copies = [torch.empty_like(flat) for _ in range(out["dp"])]
+        dist.all_gather(copies, flat, group=ps.get_data_parallel_group())
+        out["dp_param_max_diff"] = max(float((c - copies[0]).abs().max()) for c in copies)
+
+    # Resume: load the state saved before the last step, redo it: same loss, same weights.
+    backend.load_state(Path(work_dir) / "state")
+    out["resumed_version"] = backend.version
+    out["resumed_loss"] = backend.train_step(batch, objective)["loss"]
+    flat_again = torch.cat([p.detach().reshape(-1).float() for p in backend.ddp.parameters()])
+    out["resumed_param_max_diff"] = float((flat_again - flat).abs().max())
+
+    # The trained weights export to an HF folder that reproduces the Megatron logprobs.
+    trained = backend.compute_logprobs(batch)
+    saved = backend.save_pretrained(Path(work_dir) / "hf_out")
+    dist.barrier()
+    again = AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32).eval()
+    export_diff = 0.0
+    for i, ids in enumerate(batch.input_ids):
+        ref_lp, _ = _hf_logprobs(again, torch.tensor([ids]))
+        mask = torch.tensor(batch.loss_mask[i][1:], dtype=torch.float32)
+        export_diff = max(
+            export_diff, float(((trained.logprobs[i][1:] - ref_lp[0]) * mask).abs().max())
+        )
+    out["export_logprob_max_diff"] = export_diff
+
+    if compare_torch and dist.get_rank() == 0:
+        # The plain-torch backend on the same weights and batch (one micro-batch, one rank).
+        from relax_gym.trainer.torch_backend import TorchBackend
+
+        ref = TorchBackend(model_dir, micro_batch_size=len(batch), optimizer=settings)
+        ref_batch = dataclasses.replace(batch)
+        ref_losses, ref_norms = [], []
+        for _ in range(2):
+            m = ref.train_step(ref_batch, objective)
+            ref_losses.append(m["loss"])
+            ref_norms.append(m["grad_norm"])
+        out["torch_losses"], out["torch_grad_norms"] = ref_losses, ref_norms
+    return out
