@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import numpy as np
 
 from relax_gym.core import Env
+from relax_gym.errors import RelaxGymError
 from relax_gym.types import Action, ContentPart, Message, Observation
 
 from ._answers import last_boxed
@@ -51,9 +52,13 @@ class Task:
         return parsed is not None and (parsed == self.target or parsed in self.also_correct)
 
 
+class EnvOptionError(RelaxGymError, ValueError):
+    """A constructor option of a shipped env has a bad value (the CLI prints it cleanly)."""
+
+
 def check_difficulty(difficulty: str, levels: Mapping[str, Any]) -> None:
     if difficulty not in levels:
-        raise ValueError(f"difficulty must be one of {list(levels)}, got {difficulty!r}")
+        raise EnvOptionError(f"difficulty must be one of {list(levels)}, got {difficulty!r}")
 
 
 class BoxedAnswerEnv(Env, Generic[LevelT]):

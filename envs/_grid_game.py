@@ -21,7 +21,7 @@ from relax_gym.core import Env
 from relax_gym.types import Action, ImagePart, Message, Observation
 
 from ._answers import last_boxed
-from ._base import check_difficulty
+from ._base import EnvOptionError, check_difficulty
 
 Pos = tuple[int, int]
 MOVES: dict[str, Pos] = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
@@ -66,7 +66,7 @@ class GridGameEnv(Env):
     def __init__(self, difficulty: str = "easy", render: str = "text") -> None:
         check_difficulty(difficulty, self.levels)
         if render not in RENDERS:
-            raise ValueError(f"render must be one of {RENDERS}, got {render!r}")
+            raise EnvOptionError(f"render must be one of {RENDERS}, got {render!r}")
         self.difficulty = difficulty
         self.level = self.levels[difficulty]
         self.render_kind = render

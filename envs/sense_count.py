@@ -26,6 +26,7 @@ from relax_gym.core import Env
 from relax_gym.types import Action, AudioPart, ImagePart, Message, Observation, VideoPart
 
 from ._answers import last_boxed, parse_int
+from ._base import check_difficulty
 
 _LEVELS = {
     "easy": {"max_count": 3, "radius": 10, "beep_s": 0.15},
@@ -44,8 +45,7 @@ class SenseCountEnv(Env):
     max_turns = 1
 
     def __init__(self, difficulty: str = "easy", image_size: int = 128) -> None:
-        if difficulty not in _LEVELS:
-            raise ValueError(f"difficulty must be one of {sorted(_LEVELS)}, got {difficulty!r}")
+        check_difficulty(difficulty, _LEVELS)
         self.difficulty = difficulty
         self.level = _LEVELS[difficulty]
         self.image_size = image_size
