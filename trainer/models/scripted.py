@@ -15,6 +15,8 @@ from pathlib import Path
 
 from relax_gym.errors import RelaxGymError
 
+from ._threads import torch_threads
+
 
 class ScriptingFailed(RelaxGymError, RuntimeError):
     """The model did not reproduce every completion within the step budget."""
@@ -31,7 +33,7 @@ def _min_margin(logits: "torch.Tensor", targets: "torch.Tensor") -> float:
 
 def teach_completions(model_dir: str | Path, out_dir: str | Path, examples: list[tuple[list[int], list[int]]], *,
                       max_steps: int = 1000, lr: float = 3e-2, margin: float = 2.0, check_every: int = 10,
-                      train_embeddings: bool = False, seed: int = 0) -> Path:
+                      train_embeddings: bool = False, seed: int = 0, threads: int | None = 1) -> Path:
     """Fine-tune a text model so greedy decoding of each prompt yields its completion.
 
     Training stops once every completion token wins its position by at least ``margin`` logits,
@@ -40,6 +42,13 @@ def teach_completions(model_dir: str | Path, out_dir: str | Path, examples: list
     more than everything else with a 151k vocabulary, and the rest of the model suffices.
     Raises :class:`ScriptingFailed` when the budget runs out. Returns ``out_dir``.
     """
+    with torch_threads(threads):
+        return _teach(Path(model_dir), Path(out_dir), examples, max_steps=max_steps, lr=lr, margin=margin,
+                      check_every=check_every, train_embeddings=train_embeddings, seed=seed)
+
+
+def _teach(model_dir: Path, out_dir: Path, examples: list[tuple[list[int], list[int]]], *, max_steps: int,
+           lr: float, margin: float, check_every: int, train_embeddings: bool, seed: int) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging

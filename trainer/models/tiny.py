@@ -19,6 +19,7 @@ from typing import Any, Literal
 from relax_gym.errors import RelaxGymError
 
 from .chat_templates import QWEN3_VL_CHAT_TEMPLATE
+from ._threads import torch_threads
 from .processing import build_image_processor
 from .tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
@@ -88,19 +89,25 @@ def _load_tokenizer(kind: TokenizerKind, out: Path) -> Any:
 
 def build_tiny_model(kind: str = "qwen3", path: str | Path = "tiny-model", *, seed: int = 0,
                      tokenizer: TokenizerKind = "qwen3", vision: dict[str, Any] | None = None,
-                     image_min_pixels: int = 32 * 32, image_max_pixels: int = 256 * 256,
+                     image_min_pixels: int = 32 * 32, image_max_pixels: int = 256 * 256, threads: int | None = 1,
                      **overrides: Any) -> Path:
     """Build a tiny random model of ``kind`` and save it as a HF folder at ``path``.
 
     ``overrides`` change the text config (e.g. ``num_hidden_layers=4``); ``vision`` changes the
     Qwen3-VL vision config. The weights depend only on ``seed`` and the config.
     """
+    with torch_threads(threads):
+        return _build(kind, Path(path), seed=seed, tokenizer=tokenizer, vision=vision,
+                      image_min_pixels=image_min_pixels, image_max_pixels=image_max_pixels, **overrides)
+
+
+def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision: dict[str, Any] | None,
+           image_min_pixels: int, image_max_pixels: int, **overrides: Any) -> Path:
     import torch
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model_kind = normalize_kind(kind)
-    out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tok = _load_tokenizer(tokenizer, out)
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>",
