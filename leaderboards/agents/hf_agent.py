@@ -156,7 +156,7 @@ class _HFSession(AgentSession):
         self.turn += 1
         text, n_prompt, n_new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
         parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(text, parser)
+        action, reasoning, calls = self.conv.add_reply(text, parser, self.turn - 1)
         return TurnResult(
             action=action,
             message=Message.assistant(action.text, tool_calls=calls),

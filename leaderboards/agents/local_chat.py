@@ -58,15 +58,10 @@ class ToolCallParser:
             raise FatalAgentError(f"unknown tool-call parser {name!r}: {exc}") from None
         self.name = name
 
-    def parse(self, text: str) -> tuple[str, list[ToolCall], list[str]]:
-        """(text without the call blocks, the calls, parse errors)."""
-        action = self._parser.parse(text)
-        if isinstance(action, Action):
-            calls, errors = list(action.tool_calls), list(action.parse_errors)
-        else:  # (calls, errors)
-            calls, errors = list(action[0]), list(action[1])
-        content = self._parser.strip(text) if hasattr(self._parser, "strip") else text
-        return content.strip(), calls, errors
+    def parse(self, text: str, *, turn: int, tools: list[ToolSpec]) -> tuple[list[ToolCall], list[str]]:
+        """The calls in ``text`` (ids ``call_{turn}_{i}``) and the parse errors; never raises."""
+        action = self._parser.parse(text, turn=turn, tools=tools)
+        return list(action.tool_calls), list(action.parse_errors)
 
 
 class LocalChat:
@@ -162,20 +157,21 @@ class Conversation:
     def prompt(self) -> str:
         return self.chat.render(self.messages, self.tools)
 
-    def add_reply(self, text: str, parser: ToolCallParser | None) -> tuple[Action, str | None, list[ToolCall]]:
-        """Turn generated text into the env's action and append it to the history."""
+    def add_reply(
+        self, text: str, parser: ToolCallParser | None, turn: int
+    ) -> tuple[Action, str | None, list[ToolCall]]:
+        """Turn generated text into the env's action and append it to the history.
+
+        The history keeps the answer as generated, tool-call blocks included and without a
+        ``tool_calls`` field: the template re-renders exactly the tokens the model wrote
+        (thinking aside, which templates drop from earlier turns anyway).
+        """
         answer, reasoning = split_thinking(text)
         calls: list[ToolCall] = []
         errors: list[str] = []
         if parser is not None and self.tools:
-            answer, calls, errors = parser.parse(answer)
-        item: dict[str, Any] = {"role": "assistant", "content": answer}
-        if calls:
-            item["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
-                for c in calls
-            ]
-        self.messages.append(item)
+            calls, errors = parser.parse(answer, turn=turn, tools=self.tools)
+        self.messages.append({"role": "assistant", "content": answer})
         return Action(text=answer, tool_calls=calls, parse_errors=errors), reasoning, calls
 
     def media_payload(self) -> dict[str, list[str]]:

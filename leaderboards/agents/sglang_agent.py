@@ -135,7 +135,7 @@ class _SGLangSession(AgentSession):
                 raise ModalityRejected(named[0] if named else "/".join(kinds), self.agent.url, str(exc)) from None
             raise AgentError(str(exc)) from None
         parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(reply.text, parser)
+        action, reasoning, calls = self.conv.add_reply(reply.text, parser, self.turn - 1)
         meta = reply.meta_info
         return TurnResult(
             action=action,

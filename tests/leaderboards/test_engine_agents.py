@@ -78,6 +78,8 @@ def test_openai_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path
     res = _run(f"openai:{engine.url}/v1", tmp_path / "oa", opts, env_ids=ENVS, episodes=2, concurrency=4)
     assert res.fatal is None and res.summary["complete"]
     _check_images_reached_the_model(models["vl"], tmp_path / "oa")
+    tools = _run(f"openai:{engine.url}/v1", tmp_path / "oa-tools", opts, env_ids=["lbtest/Lookup-v0"], episodes=2)
+    assert tools.summary["complete"] and tools.summary["results"]["counts"]["errors"] == 0
     stopped = _run(f"openai:{engine.url}/v1", tmp_path / "oa-audio", opts, env_ids=["relax/SenseCount-v0"], episodes=1)
     assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal
 
@@ -93,6 +95,8 @@ def test_sglang_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path
         f"sglang:{engine.url}", tmp_path / "sg2", AgentOptions(max_tokens=4), env_ids=["lbtest/Pick-v0"], episodes=1
     )
     assert found.fatal is None and found.summary["complete"]
+    tools = _run(f"sglang:{engine.url}", tmp_path / "sg-tools", opts, env_ids=["lbtest/Lookup-v0"], episodes=2)
+    assert tools.summary["complete"] and tools.summary["results"]["counts"]["errors"] == 0
     stopped = _run(f"sglang:{engine.url}", tmp_path / "sg-audio", opts, env_ids=["relax/SenseCount-v0"], episodes=1)
     assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal
 
@@ -122,3 +126,30 @@ def _answers(out: Path) -> dict[tuple[str, int, int], str]:
         doc = json.loads((out / r.transcript).read_text())
         answers[r.key] = next(m for m in doc["messages"] if m["role"] == "assistant")["content"][0]["text"]
     return answers
+
+
+def test_local_template_tool_round_trip(models: dict[str, Path]) -> None:
+    """sglang:/hf: conversations: hermes tool calls parsed from the text, answered by the env,
+    re-rendered once; the tool response reaches the next prompt."""
+    from relax_gym.leaderboards.agents.local_chat import Conversation, LocalChat, ToolCallParser
+
+    import relax_gym
+
+    env = relax_gym.make("lbtest/Lookup-v0")
+    obs, _ = env.reset(seed=3)
+    conv = Conversation(LocalChat(str(models["text"]), AgentOptions(thinking=False)), env)
+    conv.add_observation(obs)
+    first = conv.prompt()
+    assert '"name": "lookup"' in first  # tools rendered into the template's system block
+    reply = '<tool_call>\n{"name": "lookup", "arguments": {"key": "secret"}}\n</tool_call>'
+    action, reasoning, calls = conv.add_reply(reply, ToolCallParser("hermes"), turn=0)
+    assert [(c.name, c.arguments, c.id) for c in calls] == [("lookup", {"key": "secret"}, "call_0_0")]
+    assert reasoning is None and not action.parse_errors
+    obs, _, terminated, _, _ = env.step(action)
+    assert not terminated and obs.messages[0].role == "tool"
+    conv.add_observation(obs)
+    second = conv.prompt()
+    assert second.count("<tool_call>") == first.count("<tool_call>") + 1  # the call, rendered once
+    assert f"<tool_response>\n{env.unwrapped.secret}\n</tool_response>" in second
+    bad, _, _ = conv.add_reply("<tool_call>{oops</tool_call>", ToolCallParser("hermes"), turn=1)
+    assert not bad.tool_calls and bad.parse_errors and "malformed JSON" in bad.parse_errors[0]

@@ -132,8 +132,13 @@ def test_resumed_run_gives_the_same_summary(tmp_path: Path, baselines_file: Path
 
 
 def test_modality_groups_follow_what_the_instance_shows(tmp_path: Path) -> None:
-    s = _run("oracle", tmp_path / "o", env_ids=["lbtest/Picture-v0", "lbtest/Pick-v0"], episodes=2,
-             env_kwargs={"lbtest/Picture-v0": {"image": False}}).summary
+    s = _run(
+        "oracle",
+        tmp_path / "o",
+        env_ids=["lbtest/Picture-v0", "lbtest/Pick-v0"],
+        episodes=2,
+        env_kwargs={"lbtest/Picture-v0": {"image": False}},
+    ).summary
     assert s["results"]["envs"]["lbtest/Picture-v0"]["modalities"] == ["text"]
     assert set(s["results"]["modalities"]) == {"text"}
     assert s["results"]["modalities"]["text"]["envs"] == ["lbtest/Pick-v0", "lbtest/Picture-v0"]
