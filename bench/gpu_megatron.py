@@ -11,7 +11,7 @@ Run through ``bench/gpu_megatron.sh`` (torchrun). Per model it:
    to the checkpoint, and times it; writes an HF folder and reloads it with transformers.
 
 It prints one JSON line per model with the figures. ``--dry-run-cpu`` runs the same script
-with a tiny config on CPU through the test-only shim in tests/megatron/cpu_shim.py; it exists
+with a tiny config on CPU through the debug-only shim (trainer/megatron/cpu_debug.py); it exists
 only to check the script itself where no GPU is available.
 """
 
@@ -323,10 +323,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
 
     if args.dry_run_cpu:
-        import sys
-
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.megatron.cpu_shim import megatron_on_cpu
+        from relax_gym.trainer.megatron.cpu_debug import megatron_on_cpu
 
         shapes = {"qwen3": TINY_QWEN3, "qwen3vl": TINY_QWEN3VL}
         args.seq_len, args.batch = min(args.seq_len, 24), min(args.batch, 2)

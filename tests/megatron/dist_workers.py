@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 Result = dict[str, Any]
 
@@ -42,7 +43,6 @@ def _child(
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        import torch.distributed as dist
         from relax_gym.trainer.megatron.config import MegatronConfig
         from relax_gym.trainer.megatron.model import destroy_model_parallel, init_model_parallel
 
@@ -121,7 +121,6 @@ def qwen3_check(
     cfg: Any, model_dir: str, export_dir: str, bucket_bytes: int, from_state_dict: bool = False
 ) -> Result:
     """Load an HF Qwen3 into Megatron; compare logprobs/entropy/grads; export and re-import."""
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
     from relax_gym.trainer.megatron.config import dims_from_hf_config
@@ -214,7 +213,6 @@ def qwen3vl_check(
     cfg: Any, model_dir: str, image_path: str, export_dir: str, bucket_bytes: int
 ) -> Result:
     """Load an HF Qwen3-VL into Megatron + HF vision tower; compare logprobs on an image."""
-    import torch.distributed as dist
     from PIL import Image
     from relax_gym.trainer.megatron.bridge import iter_hf_buckets, save_hf_folder
     from relax_gym.trainer.megatron.logprobs import next_token_logprobs
@@ -345,7 +343,6 @@ def backend_check(
     """GRPO steps on MegatronBackend: packing vs HF, loss down, DP sync, save/load/continue."""
     import dataclasses
 
-    import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from relax_gym.trainer.algorithms import AlgorithmConfig
     from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
@@ -431,3 +428,111 @@ def backend_check(
             ref_norms.append(m["grad_norm"])
         out["torch_losses"], out["torch_grad_norms"] = ref_losses, ref_norms
     return out
+
+
+def _isolated_child(
+    check: Callable[..., Result], env: dict[str, str], kwargs: dict[str, Any], results: Any
+) -> None:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    os.environ.update(env)
+    try:
+        results.put((0, check(**kwargs), None))
+    except BaseException:  # noqa: BLE001 - report any failure to the parent
+        results.put((0, None, traceback.format_exc()))
+
+
+def run_isolated(
+    check: Callable[..., Result], *, env: dict[str, str], timeout: float = 150.0, **kwargs: Any
+) -> Result:
+    """Run ``check`` in one fresh process with ``env`` set and nothing initialised for it."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    proc = ctx.Process(target=_isolated_child, args=(check, env, kwargs, results))
+    proc.start()
+    try:
+        _, out, err = results.get(timeout=timeout)
+    except queue.Empty:
+        out, err = None, f"timed out after {timeout}s"
+    finally:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    if err:
+        raise AssertionError(err)
+    return out
+
+
+def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> Result:
+    """Single process, as the training loop makes it: Qwen3-VL batch with images, packed."""
+    from PIL import Image
+    from relax_gym.trainer.backend import NLLObjective, OptimizerSettings, SequenceBatch
+    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from transformers import AutoConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    vision = hf_config.vision_config
+    merge = vision.spatial_merge_size
+    processor = Qwen2VLImageProcessorPil(
+        patch_size=vision.patch_size,
+        temporal_patch_size=vision.temporal_patch_size,
+        merge_size=merge,
+        min_pixels=32 * 32,
+        max_pixels=128 * 128,
+    )
+    gen = torch.Generator().manual_seed(5)
+    input_ids, loss_mask, multimodal = [], [], []
+    for k, path in enumerate([*image_paths, None]):
+        prompt = torch.randint(0, 400, (3 + k,), generator=gen).tolist()
+        answer = torch.randint(0, 400, (5 + 2 * k,), generator=gen).tolist()
+        mm: dict[str, torch.Tensor] = {}
+        if path is not None:
+            enc = processor(images=[Image.open(path).convert("RGB")], return_tensors="pt")
+            mm = {"pixel_values": enc["pixel_values"], "image_grid_thw": enc["image_grid_thw"]}
+            n_pad = int(enc["image_grid_thw"].prod()) // merge**2
+            prompt = (
+                prompt[:2]
+                + [hf_config.vision_start_token_id]
+                + [hf_config.image_token_id] * n_pad
+                + [hf_config.vision_end_token_id]
+                + prompt[2:]
+            )
+        input_ids.append(prompt + answer)
+        loss_mask.append([0] * len(prompt) + [1] * len(answer))
+        multimodal.append(mm)
+    batch = SequenceBatch(input_ids=input_ids, loss_mask=loss_mask, multimodal=multimodal)
+
+    backend = MegatronBackend(
+        model_dir, micro_batch_size=len(batch), optimizer=OptimizerSettings(lr=1e-3)
+    )
+    got = backend.compute_logprobs(batch)
+    hf = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    diff = 0.0
+    for i, ids in enumerate(input_ids):
+        t = torch.tensor([ids])
+        extra: dict[str, Any] = dict(multimodal[i])
+        if extra:
+            extra["mm_token_type_ids"] = (t == hf_config.image_token_id).int()
+        ref_lp, _ = _hf_logprobs(hf, t, **extra)
+        mask = torch.tensor(loss_mask[i][1:], dtype=torch.float32)
+        diff = max(diff, float(((got.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+    losses = [backend.train_step(batch, NLLObjective())["loss"] for _ in range(3)]
+    saved = backend.save_pretrained(Path(work_dir) / "hf_out")
+    again = Qwen3VLForConditionalGeneration.from_pretrained(str(saved), dtype=torch.float32)
+    after = backend.compute_logprobs(batch)
+    t = torch.tensor([input_ids[0]])
+    extra = dict(multimodal[0], mm_token_type_ids=(t == hf_config.image_token_id).int())
+    ref_lp, _ = _hf_logprobs(again.eval(), t, **extra)
+    mask = torch.tensor(loss_mask[0][1:], dtype=torch.float32)
+    return {
+        "image_tokens": [sum(1 for x in ids if x == hf_config.image_token_id) for ids in input_ids],
+        "packed_vs_hf_max_diff": diff,
+        "losses": losses,
+        "version": backend.version,
+        "export_logprob_max_diff": float(((after.logprobs[0][1:] - ref_lp[0]) * mask).abs().max()),
+        "world_size": dist.get_world_size(),
+    }

@@ -71,3 +71,41 @@ def test_tp2_grpo_steps(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_pp2_grpo_steps(tmp_path: Path) -> None:
     _check(_run(tmp_path, 2, {"pipeline_parallel_size": 2}, micro=2))
+
+
+def test_qwen3vl_single_process_debug_mode(tmp_path: Path) -> None:
+    """As the loop builds it: one process, RELAX_MEGATRON_CPU_SHIM=1, images packed with text."""
+    model_dir = tiny_models.save_model(tiny_models.qwen3vl_config(), tmp_path / "hf")
+    images = [
+        str(tiny_models.save_image(tmp_path / f"im{i}.png", seed=i, size=(64 + 32 * i, 96)))
+        for i in range(2)
+    ]
+    r = dist_workers.run_isolated(
+        dist_workers.vl_backend_check,
+        env={"RELAX_MEGATRON_CPU_SHIM": "1"},
+        model_dir=str(model_dir),
+        image_paths=images,
+        work_dir=str(tmp_path / "work"),
+    )
+    print(r)
+    assert r["world_size"] == 1
+    assert r["image_tokens"][0] != r["image_tokens"][1] and r["image_tokens"][2] == 0
+    assert r["packed_vs_hf_max_diff"] < 1e-5
+    assert r["losses"][-1] < r["losses"][0] and r["version"] == 3
+    assert r["export_logprob_max_diff"] < 1e-5
+
+
+def test_cpu_without_debug_flag_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from relax_gym.trainer.megatron.backend import MegatronBackend, MegatronBackendError
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only message")
+    monkeypatch.delenv("RELAX_MEGATRON_CPU_SHIM", raising=False)
+    model_dir = tiny_models.save_model(tiny_models.qwen3_config(), tmp_path / "hf")
+    with pytest.raises(MegatronBackendError, match="RELAX_MEGATRON_CPU_SHIM=1"):
+        MegatronBackend(model_dir)
+    with pytest.raises(MegatronBackendError, match="not an HF model folder"):
+        MegatronBackend(tmp_path / "nowhere")

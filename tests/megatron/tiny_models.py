@@ -82,9 +82,10 @@ def save_model(config: Any, folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def save_image(path: Path, seed: int = 0) -> Path:
+def save_image(path: Path, seed: int = 0, size: tuple[int, int] = (64, 96)) -> Path:
+    """A random RGB image of ``size`` = (height, width) pixels, as PNG."""
     from PIL import Image
 
-    pixels = (np.random.default_rng(seed).random((64, 96, 3)) * 255).astype(np.uint8)
+    pixels = (np.random.default_rng(seed).random((*size, 3)) * 255).astype(np.uint8)
     Image.fromarray(pixels).save(path)
     return path

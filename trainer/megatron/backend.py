@@ -135,6 +135,14 @@ class MegatronBackend(TrainerBackend):
         )
         self.micro_batch_size = micro_batch_size
         self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
+        if not torch.cuda.is_available():
+            from relax_gym.trainer.megatron import cpu_debug
+
+            if not cpu_debug.enable_from_env():
+                raise MegatronBackendError(
+                    "megatron-core needs a CUDA GPU; for a CPU test/debug run set "
+                    f"{cpu_debug.ENV_FLAG}=1 (slow; not for real training)"
+                )
         ensure_distributed()
         init_model_parallel(self.cfg)
         self.device = (

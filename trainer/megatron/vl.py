@@ -111,6 +111,7 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
         self.image_token_id = int(hf_config.image_token_id)
         self.spatial_merge_size = int(hf_config.vision_config.spatial_merge_size)
         self.language_model = build_gpt_model(self.dims, cfg, config=config)
+        self.model_type = self.language_model.model_type  # read by Megatron's schedules
         self.pre_process = parallel_state.is_pipeline_first_stage()
         self.visual = None
         if self.pre_process:

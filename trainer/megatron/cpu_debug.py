@@ -1,0 +1,110 @@
+"""CPU debug mode: lets megatron-core 0.16.1 run on a CPU-only torch (tests and debugging only).
+
+megatron-core hard-codes CUDA in a few places (``device="cuda"``, ``torch.cuda.current_device()``,
+``Tensor.cuda()``, assertions on ``Tensor.type() == "torch.cuda.FloatTensor"``). This module
+redirects those calls to the CPU so the real megatron code paths (GPTModel, TP mappings, DDP,
+the optimizer, the schedules, distributed checkpoints) run over gloo.
+
+It is never active on its own. The tests enter ``megatron_on_cpu()``; a CPU run of the
+training loop opts in with ``RELAX_MEGATRON_CPU_SHIM=1`` (see ``MegatronBackend``). It refuses
+to start where CUDA is available, so it can never sit on the GPU path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    # megatron passes torch.cuda.current_device() (an int) as a device.
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaToCpuMode(TorchFunctionMode):
+    """Rewrites CUDA device requests to CPU and makes ``Tensor.type()`` report CUDA names."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if i > 0 and _is_cuda_device(a) else a for i, a in enumerate(args))
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if ".cuda." in name else name.replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+class _NullStream:
+    """Stands in for a CUDA stream: waiting and synchronising are no-ops on CPU."""
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> None:
+        return None
+
+
+_PATCHES: dict[str, Any] = {
+    "current_device": lambda: 0,
+    "current_stream": lambda *a, **k: _NullStream(),
+    "synchronize": lambda *a, **k: None,
+}
+
+
+ENV_FLAG = "RELAX_MEGATRON_CPU_SHIM"
+_active = 0
+_process_wide: contextlib.ExitStack | None = None
+
+
+def is_active() -> bool:
+    return _active > 0
+
+
+@contextlib.contextmanager
+def megatron_on_cpu() -> Iterator[None]:
+    """Run megatron-core on CPU inside this context; restores torch.cuda on exit."""
+    global _active
+    from megatron.core import tensor_parallel
+
+    if torch.cuda.is_available():
+        raise RuntimeError("the megatron CPU shim is for CPU-only machines; CUDA is available")
+    saved = {name: getattr(torch.cuda, name) for name in _PATCHES}
+    for name, fn in _PATCHES.items():
+        setattr(torch.cuda, name, fn)
+    _active += 1
+    try:
+        with CudaToCpuMode():
+            tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
+            yield
+    finally:
+        _active -= 1
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+
+
+def enable_from_env() -> bool:
+    """Enter the shim for the rest of the process if ``RELAX_MEGATRON_CPU_SHIM=1``; True if on."""
+    global _process_wide
+    if is_active():
+        return True
+    if os.environ.get(ENV_FLAG) != "1":
+        return False
+    _process_wide = contextlib.ExitStack()
+    _process_wide.enter_context(megatron_on_cpu())
+    return True
