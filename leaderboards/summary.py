@@ -69,6 +69,11 @@ def _env_stats(rows: list[EpisodeRecord]) -> dict[str, Any]:
     }
 
 
+def _model_name(agent: Mapping[str, Any]) -> str | None:
+    model = agent.get("model")
+    return str(model) if model and model != "default" else None
+
+
 def _r(x: float) -> float:
     return float(f"{x:.12g}")
 
@@ -145,7 +150,7 @@ def build_summary(
         "schema": SUMMARY_SCHEMA,
         "complete": complete,
         "agent": config.agent.get("spec", ""),
-        "label": config.extra.get("label") or config.agent.get("model") or config.agent.get("spec", ""),
+        "label": config.extra.get("label") or _model_name(config.agent) or config.agent.get("spec", ""),
         "config": config.to_dict(),
         "config_hash": config.hash(),
         "comparability_key": config.comparability_key(),

@@ -259,3 +259,40 @@ def test_action_parse_errors_are_counted(tmp_path: Path) -> None:
 
 def bad_tool_policy(messages: list[Message], tools: list[ToolSpec]) -> Action:
     return Action(text="", parse_errors=["tool call 0: arguments are not valid JSON"])
+
+
+def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -> None:
+    """SIGKILL a real `relax-gym eval` process mid-run, then `--resume` it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["eval", "--suite", "relax/core-v0", "--agent", "random", "--attempts", "2", "--concurrency", "1",
+            "--no-progress", "--out"]
+    full = _run("random", tmp_path / "full", suite="relax/core-v0", attempts=2, concurrency=4).summary
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "relax_gym.cli.main", *args, str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    episodes = out / "episodes.jsonl"
+    deadline = time.monotonic() + 60
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if episodes.exists() and episodes.read_text().count("\n") >= 40:
+                break
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    done = len(read_records(episodes))
+    assert proc.returncode == -signal.SIGKILL and 40 <= done < 240, (proc.returncode, done)
+    assert not (out / "summary.json").exists()
+    from relax_gym.cli.main import main
+
+    assert main([*args, str(out), "--resume"]) == 0
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["run"]["episodes_resumed"] >= done - 1 and resumed["run"]["episodes_run"] <= 240 - done + 1
+    for field in ("results", "config", "config_hash", "comparability_key", "complete"):
+        assert resumed[field] == full[field], field
