@@ -88,3 +88,13 @@ def test_docs_envs_md_is_up_to_date() -> None:
     assert actual == expected, f"docs/envs.md is stale; run: {docs.COMMAND}"
     for e in SHIPPED:
         assert f"## {e.id}" in actual and f"[`{e.id}`]" in actual
+
+
+@pytest.mark.slow
+def test_full_baselines_reproduce_exactly() -> None:
+    """Re-measure every env and difficulty on all stored seeds (about 1.5 min on 2 cores)."""
+    table = baselines.load_baselines()
+    for e in SHIPPED:
+        for d in DIFFICULTIES:
+            stored = table[e.id][d]
+            assert baselines.measure(e.id, d, stored.episodes) == stored, (e.id, d)
