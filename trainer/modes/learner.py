@@ -1,0 +1,469 @@
+"""The trainer role of the asynchronous modes: train on queued batches, publish weights.
+
+:class:`Learner` is the colocate :class:`~relax_gym.trainer.loop.Trainer` (same set-up, warm-up
+SFT, evaluation, checkpoints, metrics and logging) with the RL step replaced: instead of
+generating its own batch it trains on a :class:`~.queue.Batch` of whole groups taken from the
+queue, and publishes the new weights while the producer keeps generating. Per step:
+
+1. **logprob** -- tensors for every sample of the batch's groups; advantages over the *whole*
+   groups (samples that the staleness check refused still count in their group's statistics but
+   carry no loss); reference logprobs from the reference worker's annotations (or computed here:
+   hybrid mode, or a sample the worker did not reach); proximal logprobs when the step makes
+   more than one update, from the proximal worker when its version is recent enough
+   (``async_rl.prox_max_lag``), else computed here;
+2. **train** -- the same mini-batch x epoch updates as colocate on the admitted samples. The
+   decoupled / TIS corrections compare the behaviour logprobs (the engine's, per token, each
+   from the weight version recorded on the token) with the proximal ones;
+3. **ledger** -- one line per step in ``<out>/ledger.jsonl``: the trained sample ids, the refused
+   ones, and each sample's staleness, so exactly-once and the staleness bound can be audited
+   from the run's files.
+
+Publishing (:meth:`Learner.publish`) goes through :class:`~.weight_sync.WeightPublisher`:
+in-memory tensors, disk, or the distributed broadcast path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
+from relax_gym.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from relax_gym.trainer.loop import Trainer
+from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
+from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
+
+from .config import ModesTrainConfig
+from .queue import Batch, QueuedGroup, groups_from_trajectories, groups_to_trajectories
+from .weight_sync import DistributedWeightSync, ElasticRouter, WeightPublisher
+
+log = logging.getLogger("relax_gym.trainer.modes")
+LEDGER = "ledger.jsonl"
+
+
+def read_ledger(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-step records of trained and refused samples (see the module docstring)."""
+    path = Path(out_dir) / LEDGER
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+class Learner(Trainer):
+    """The trainer role; see the module docstring. ``engine_urls`` are engines someone else
+    started (the Ray runtime's engine actors); without them the learner starts the configured
+    engines itself (the embedded runtime)."""
+
+    config: ModesTrainConfig
+
+    def __init__(self, config: ModesTrainConfig, *, resume: bool = False, engine_urls: list[str] | None = None,
+                 api_key: str | None = None, inline_logprobs: bool | None = None) -> None:
+        super().__init__(config, resume=resume, rl=True)
+        self.engine_urls = list(engine_urls) if engine_urls is not None else None
+        self.given_api_key = api_key
+        self.inline_logprobs = config.mode == "hybrid" if inline_logprobs is None else inline_logprobs
+        self.train_intervals: list[tuple[float, float, int]] = []
+        self._opened = False
+        self.restored_from: str | None = None
+
+    # ============================================================================================
+    # engines and weights
+    # ============================================================================================
+    async def _start_engines(self) -> None:
+        c = self.config
+        if self.engine_urls is not None:
+            self.fleet = None  # type: ignore[assignment]
+            urls, api_key = list(self.engine_urls), self.given_api_key
+        else:
+            from relax_gym.trainer.loop.engines import EngineFleet
+
+            self.fleet = EngineFleet(c.engine, self.model_path, self.out / "engines", seed=c.seed)
+            await asyncio.to_thread(self.fleet.start)
+            urls, api_key = list(self.fleet.urls), self.fleet.api_key
+            self._record_engine_pids()
+        self.api_key = api_key
+        self.router = await ElasticRouter(urls, api_key=api_key, request_timeout_s=c.rollout.request_timeout_s).start()
+        a = c.async_rl
+        if a.weight_sync == "distributed":
+            path = "distributed"
+        else:
+            path = c.engine.sync if c.engine.sync != "auto" else ("tensor" if c.engine.kind == "embedded" else "disk")
+        distributed = None
+        if path == "distributed":
+            distributed = DistributedWeightSync(api_key=api_key, backend=a.broadcast_backend,
+                                                master_address=a.master_address, master_port=a.master_port,
+                                                bucket_bytes=c.engine.sync_bucket_mb << 20)
+        self.publisher = WeightPublisher(self.backend, self.router, path=path, staging_dir=self.out / "weights",
+                                         api_key=api_key, bucket_bytes=c.engine.sync_bucket_mb << 20,
+                                         distributed=distributed)
+        self.router.provider = self.publisher.bring_up_to_date
+        self.weight_sync = self.publisher  # type: ignore[assignment]
+        self.teacher = None
+        if c.algorithm.distill_coef > 0 and c.teacher.url:
+            from relax_gym.protocol import EngineClient
+
+            self.teacher = EngineClient(c.teacher.url, api_key=c.teacher.api_key, timeout_s=c.teacher.timeout_s)
+
+    def _record_engine_pids(self) -> None:
+        """Write the engine processes' ids, so a resume after a crash can stop orphans."""
+        procs = getattr(self.fleet, "_procs", [])
+        pids = [{"pid": p.proc.pid, "url": p.url} for p in procs if getattr(p, "proc", None) is not None]
+        path = self.out / "engines" / "pids.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(pids), encoding="utf-8")
+
+    async def _stop_engines(self) -> None:
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            await publisher.close()
+        await super()._stop_engines()
+
+    async def ensure_synced(self) -> dict[str, float]:
+        """Publish the backend's weights as the next version if they changed since the last push."""
+        if self.backend.version == self._synced_version:
+            return {}
+        self.state.weight_version += 1
+        metrics = await self.publisher.publish(self.state.weight_version)
+        self._synced_version = self.backend.version
+        return metrics
+
+    async def push_weights_to(self, url: str) -> str | None:
+        """Bring one engine (a joiner or a revived one) to the published weights."""
+        return await self.publisher.bring_up_to_date(url)
+
+    def engine_info(self) -> dict[str, Any]:
+        return {"urls": [h.url for h in self.router.engines], "api_key": self.api_key,
+                "version": self.state.weight_version}
+
+    # ============================================================================================
+    # opening: set-up, warm-up, RL start
+    # ============================================================================================
+    async def open(self) -> dict[str, Any]:
+        """Set up, run the warm-up phase, start RL; returns where training stands and what a
+        restored checkpoint held (queue contents, producer state)."""
+        if self.resume:
+            kill_orphan_engines(self.out)
+        self._setup()
+        c = self.config
+        self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
+                                wandb=c.logging.wandb.model_dump() if c.logging.wandb.enabled else None,
+                                run_name=c.run_name, config=c.model_dump(mode="json"), total_steps=c.train.steps,
+                                initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
+        await self._start_engines()
+        self._opened = True
+        if self.resume:
+            # the restored weights go out under their own version number: queued samples keep
+            # exactly the staleness they had before the crash
+            await self.publisher.publish(self.state.weight_version)
+            self._synced_version = self.backend.version
+            self._truncate_ledger(self.state.step)
+            self.restored_from = str(latest_checkpoint(self.out))
+        else:
+            self._synced_version = -1  # engines may serve anything (shared or external): push ours
+        self.do_rl = False
+        await self._run_phases()  # the warm-up phase only (see Trainer._run_phases)
+        self.do_rl = True
+        if self.state.step == 0 and self.state.phase != "rl_started":
+            self.backend.configure_optimizer(OptimizerSettings(
+                lr=c.train.lr, weight_decay=c.train.weight_decay, betas=c.train.betas, eps=c.train.eps,
+                warmup_steps=c.train.lr_warmup_steps, schedule=c.train.lr_schedule,
+                total_steps=c.train.steps * c.train.mini_batches * c.train.epochs, grad_clip=c.train.grad_clip))
+            self.state.phase = "rl_started"
+            if c.eval.at_start or self.warmup is not None:
+                metrics = await self.evaluate()
+                self.logger.log(0, metrics, phase="eval")
+                self.logger.message(f"RL start: held-out success {metrics['success']:.3f}")
+        await self.ensure_synced()
+        if self.needs_reference:
+            await asyncio.to_thread(self._reference)  # the policy at RL start, for workers and inline use
+        extra = self.state.extra.get("async", {}) if self.resume else {}
+        queue_groups = groups_from_trajectories(self.buffer) if self.buffer else []
+        self.buffer = []
+        return {"version": self.state.weight_version, "step": self.state.step, "resumed": self.resume,
+                "done": self.state.step >= c.train.steps, "queue_groups": queue_groups,
+                "queue_state": extra.get("queue", {}), "producer_state": extra.get("producer", {}),
+                "reference_model": str(self.out / "reference_model") if self.needs_reference else None,
+                "engines": self.engine_info()}
+
+    @property
+    def needs_reference(self) -> bool:
+        a = self.config.algorithm
+        return a.kl_loss_coef > 0 or a.kl_reward_coef > 0
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.config.train.mini_batches * self.config.train.epochs
+
+    # ============================================================================================
+    # one training step on a queued batch
+    # ============================================================================================
+    async def train(self, batch: Batch) -> dict[str, float]:
+        c = self.config
+        start = time.time()
+        timer = PhaseTimer()
+        version = self.state.weight_version
+        samples = [s for g in batch.groups for s in g.samples]
+        admitted = [ok for marks in batch.admitted for ok in marks]
+        staleness = [m for marks in batch.staleness for m in marks]
+        metrics = self._batch_metrics(batch, version)
+        rows = [i for i, ok in enumerate(admitted) if ok]
+        if not rows:
+            metrics["train/skipped_step"] = 1.0
+            self._write_ledger(batch, version)
+            return {**metrics, **timer.metrics()}
+        with timer.phase("logprob"):
+            scored = [ScoredSample(s.traj, s.reward) for s in samples]
+            full = await asyncio.to_thread(to_sequence_batch, scored, self.processor,
+                                           temperature=c.rollout.temperature)
+            ref = None
+            if self.needs_reference:
+                ref = await self._reference_logprobs(full, samples, metrics)
+                full.ref_logprobs = ref
+            teacher = None
+            if self.teacher is not None:
+                from relax_gym.trainer.loop.teacher import teacher_logprobs
+
+                teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
+            metrics.update(attach_advantages(full, [s.reward for s in samples], c.algorithm, ref_logprobs=ref,
+                                             teacher_logprobs=teacher))
+            train_batch = full.select(rows)
+            if self.updates_per_step > 1:
+                train_batch.old_logprobs = await self._proximal_logprobs(train_batch, [samples[i] for i in rows],
+                                                                         version, metrics)
+        train_start = time.time()
+        with timer.phase("train"):
+            objective = PolicyObjective(c.algorithm)
+            merged: dict[str, list[float]] = {}
+            for _epoch in range(c.train.epochs):
+                for part in split_by_groups(train_batch.group_ids, c.train.mini_batches):
+                    out = await asyncio.to_thread(self.backend.train_step, train_batch.select(part), objective)
+                    for k, v in out.items():
+                        merged.setdefault(k, []).append(v)
+            for k, values in merged.items():
+                agg = max(values) if k.endswith("_max") else min(values) if k.endswith("_min") else float(np.mean(values))
+                metrics[f"train/{k}"] = agg
+            metrics["train/updates"] = float(len(merged.get("loss", [])))
+        self.train_intervals.append((train_start, time.time(), version))
+        self._write_ledger(batch, version)
+        metrics["staleness/max"] = float(max(staleness[i] for i in rows))
+        metrics["time/batch_wait"] = batch.waited_s
+        metrics.update(timer.metrics())
+        metrics["time/train_role"] = time.time() - start
+        return metrics
+
+    def _batch_metrics(self, batch: Batch, version: int) -> dict[str, float]:
+        trained = batch.admitted_samples()
+        marks = [m for g, a in zip(batch.staleness, batch.admitted, strict=True) for m, ok in zip(g, a, strict=True)
+                 if ok]
+        m: dict[str, float] = {
+            "rollout/trained_samples": float(len(trained)),
+            "rollout/batch_samples": float(batch.num_samples),
+            "rollout/refused_stale_samples": float(batch.num_samples - batch.num_admitted),
+            "staleness/mean": float(np.mean(marks)) if marks else 0.0,
+        }
+        if trained:
+            m["rollout/success"] = float(np.mean([s.traj.success for s in trained]))
+            m["rollout/env_reward_mean"] = float(np.mean([s.traj.reward for s in trained]))
+            m["rollout/reward_mean"] = float(np.mean([s.reward for s in trained]))
+            m["rollout/reward_std"] = float(np.std([s.reward for s in trained]))
+            m["rollout/response_tokens_mean"] = float(np.mean([s.traj.num_sampled_tokens for s in trained]))
+            tokens = old = 0
+            mixed = 0
+            for s in trained:
+                versions = [v for v, k in zip(s.traj.weight_versions, s.traj.loss_mask, strict=True) if k]
+                tokens += len(versions)
+                old += sum(v != version for v in versions)
+                mixed += len(set(versions)) > 1
+            m["staleness/off_policy_token_frac"] = old / max(1, tokens)
+            m["rollout/partial_samples"] = float(mixed)  # sampled by more than one weight version
+        return m
+
+    async def _reference_logprobs(self, full: Any, samples: list[Any], metrics: dict[str, float]) -> list[torch.Tensor]:
+        missing = [i for i, s in enumerate(samples) if self.inline_logprobs or s.ref_logprobs is None]
+        out: list[torch.Tensor | None] = [None if i in set(missing) else torch.tensor(s.ref_logprobs, dtype=torch.float32)
+                                          for i, s in enumerate(samples)]
+        if missing:
+            res = await asyncio.to_thread(self._reference().compute_logprobs, full.select(missing))
+            for i, lp in zip(missing, res.logprobs, strict=True):
+                out[i] = lp
+        metrics["logprob/ref_from_worker_frac"] = 1.0 - len(missing) / max(1, len(samples))
+        return [t for t in out if t is not None]
+
+    async def _proximal_logprobs(self, batch: Any, samples: list[Any], version: int,
+                                 metrics: dict[str, float]) -> list[torch.Tensor]:
+        lag = self.config.async_rl.prox_max_lag
+        usable = not self.inline_logprobs and all(
+            s.prox_logprobs is not None and s.prox_version is not None and version - s.prox_version <= lag
+            for s in samples)
+        metrics["logprob/prox_from_worker"] = float(usable)
+        if usable:
+            metrics["logprob/prox_lag_max"] = float(max(version - s.prox_version for s in samples))
+            return [torch.tensor(s.prox_logprobs, dtype=torch.float32) for s in samples]
+        return (await asyncio.to_thread(self.backend.compute_logprobs, batch)).logprobs
+
+    # -- the ledger --------------------------------------------------------------------------------------
+    def _write_ledger(self, batch: Batch, version: int) -> None:
+        trained, refused, stale = [], [], []
+        for group, marks, ok in zip(batch.groups, batch.staleness, batch.admitted, strict=True):
+            for s, m, yes in zip(group.samples, marks, ok, strict=True):
+                (trained if yes else refused).append(s.sample_id)
+                if yes:
+                    stale.append(m)
+        record = {"step": self.state.step + 1, "version": version, "groups": [g.group_id for g in batch.groups],
+                  "trained": trained, "refused": refused, "staleness": stale}
+        with (self.out / LEDGER).open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def _truncate_ledger(self, step: int) -> None:
+        """After a resume from step ``step``: later lines belong to work the crash rolled back."""
+        path = self.out / LEDGER
+        if not path.is_file():
+            return
+        keep = [r for r in read_ledger(self.out) if int(r["step"]) <= step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
+        tmp.replace(path)
+
+    # ============================================================================================
+    # after the step: publish, log, evaluate, checkpoint
+    # ============================================================================================
+    async def publish(self) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = await self.ensure_synced()
+        metrics["time/sync"] = time.perf_counter() - start
+        metrics["version"] = float(self.state.weight_version)
+        return metrics
+
+    async def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Record step ``step``: metrics, progress, evaluation when due. Returns the eval metrics."""
+        c = self.config
+        self.state.step = step
+        self.logger.log(step, metrics, phase="train")
+        headline = {"reward": metrics.get("rollout/reward_mean", float("nan")),
+                    "success": metrics.get("rollout/success", float("nan")),
+                    "step_s": metrics.get("time/step_wall", float("nan")),
+                    "stale": metrics.get("staleness/mean", float("nan"))}
+        ev: dict[str, float] = {}
+        if c.eval.every and step % c.eval.every == 0 and step < c.train.steps:
+            ev = await self.evaluate()
+            self.logger.log(step, ev, phase="eval")
+            headline["eval_success"] = ev["success"]
+        elif self.last_eval:
+            headline["eval_success"] = self.last_eval.get("success", float("nan"))
+        self.logger.show(step, headline)
+        return ev
+
+    def checkpoint_due(self, step: int) -> bool:
+        every = self.config.checkpoint.every
+        return bool(every) and step % every == 0 and step < self.config.train.steps
+
+    async def save(self, name: str, producer_state: dict[str, Any], queue_snapshot: tuple[list[QueuedGroup],
+                   dict[str, Any]]) -> str:
+        """An atomic checkpoint holding the model, the queue's contents and the producer's state."""
+        groups, queue_state = queue_snapshot
+        self.state.sampler = producer_state.get("sampler", {})
+        self.state.elapsed_s = self.logger.elapsed_s
+        self.state.extra["first_eval"] = self.first_eval
+        self.state.extra["last_eval"] = self.last_eval
+        queued = {g.group_id for g in groups}
+        producer_state = dict(producer_state)
+        # a group can be queued between the two snapshots: the queue's copy wins
+        producer_state["pending"] = [p for p in producer_state.get("pending", []) if p.get("group_id") not in queued]
+        self.state.extra["async"] = {"producer": producer_state, "queue": queue_state}
+        if self.warmup is not None:
+            self.state.warmup_step = self.warmup.step
+            self.state.warmup_done = self.warmup.done
+            self.state.extra["warmup"] = self.warmup.state_dict()
+        c = self.config.checkpoint
+        folder = await asyncio.to_thread(
+            save_checkpoint, self.out, name, self.backend, self.state, buffer=groups_to_trajectories(groups),
+            keep_last=c.keep_last, save_optimizer=c.save_optimizer)
+        return str(folder)
+
+    async def finish(self, producer_state: dict[str, Any], queue_snapshot: tuple[list[QueuedGroup],
+                     dict[str, Any]]) -> dict[str, Any]:
+        """Final evaluation, the final checkpoint (with what is still queued or pending), export."""
+        c = self.config
+        if c.train.steps > 0 and self.state.step > 0:
+            ev = await self.evaluate()
+            self.logger.log(self.state.step, ev, phase="eval")
+            self.logger.message(f"final: held-out success {ev['success']:.3f} after {self.state.step} RL steps")
+        self.state.phase = "done"
+        await self.save(f"step_{self.state.step:06d}", producer_state, queue_snapshot)
+        if c.checkpoint.export_hf:
+            await asyncio.to_thread(self.backend.save_pretrained, self.out / "final_model")
+        return {"steps": self.state.step, "first_eval": self.first_eval, "final_eval": self.last_eval,
+                "elapsed_s": self.logger.elapsed_s}
+
+    async def close(self, *, plot: bool = True) -> str | None:
+        try:
+            await self._stop_engines()
+        finally:
+            logger = getattr(self, "logger", None)
+            if logger is not None:
+                logger.close()
+        curves = None
+        if plot and self.config.logging.plot and self._opened:
+            curves = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png", title=self.config.run_name)
+        return str(curves) if curves else None
+
+    def current_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """A CPU copy of the weights (for the proximal worker)."""
+        from .logprobs import current_weights
+
+        return current_weights(self.backend)
+
+    def take_train_intervals(self) -> list[tuple[float, float, int]]:
+        out, self.train_intervals = self.train_intervals, []
+        return out
+
+
+def _engine_port(pid: int) -> str | None:
+    """The port an ``engine serve`` process listens on (from its --port-file), or None."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if "engine" not in args or "serve" not in args or "--port-file" not in args:
+        return None
+    try:
+        return Path(args[args.index("--port-file") + 1]).read_text().strip()
+    except (IndexError, OSError):
+        return None
+
+
+def kill_orphan_engines(out_dir: Path) -> int:
+    """Stop engine processes a crashed run left behind (recorded in ``engines/pids.json``);
+    a pid is signalled only if it still runs ``engine serve`` at the recorded URL's port."""
+    import signal
+
+    path = Path(out_dir) / "engines" / "pids.json"
+    if not path.is_file():
+        return 0
+    killed = 0
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    for entry in entries:
+        pid, url = int(entry.get("pid", 0)), str(entry.get("url", ""))
+        if pid <= 0 or _engine_port(pid) != url.rsplit(":", 1)[-1]:
+            continue  # gone, or the pid now belongs to something else
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the engine leads its own session (started that way)
+            killed += 1
+        except (ProcessLookupError, PermissionError):
+            pass
+    path.unlink(missing_ok=True)
+    return killed
+
+
+__all__ = ["LEDGER", "Learner", "kill_orphan_engines", "read_ledger"]

@@ -1,0 +1,314 @@
+"""The rollout producer: generates groups continuously, scores them and fills the queue.
+
+It never waits for training except where the staleness bound requires it. The bound is enforced
+twice:
+
+* **Throttle (little work is wasted).** Group ``g`` of the run is destined for training step
+  ``g // B`` (``B`` = groups per step), so it may start only once the engines serve weights of
+  step ``g // B - max_staleness`` or later. Counting only groups that will be trained (dropped
+  ones free their slot and a replacement is drawn), the gate is::
+
+      effective_groups_started < (steps_published + max_staleness + 1) * B
+
+  With ``max_staleness = 0`` exactly one batch is generated per weight version, from the same
+  sampler draws colocate makes: colocate's on-policy behaviour.
+* **Admission (the guarantee).** Groups finish out of order and episodes straddle weight
+  updates, so the queue still checks every sample's token versions when the trainer takes it.
+
+Each group runs in its own :class:`RolloutManager` (episode ids, hence sampling seeds, derive from
+the run seed and the group id: reproducible whatever the interleaving). Finished groups are scored
+by the reward workers (with retries), filtered like colocate's batches (failed episodes, failed
+rewards, zero-variance groups under dynamic sampling; every drop counted) and put whole into the
+queue. A group whose every episode failed on the engines (all engines down) is retried later
+rather than lost.
+
+:meth:`state_dict` records the sampler position and the groups drawn but not yet queued, so a
+resumed run regenerates exactly those: no prompt is lost or drawn twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+from relax_gym.trainer.loop.batching import ScoredSample, reward_inputs, select_groups
+from relax_gym.trainer.loop.data import EpisodeSampler, envs_of_suite
+from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+
+from .config import ModesTrainConfig
+from .queue import QueuedGroup, QueuedSample
+from .rewards import score_with_retries
+from .roles import Role
+
+log = logging.getLogger("relax_gym.trainer.modes")
+RETRY_BACKOFF_S = 1.0
+
+
+def rollout_config(config: ModesTrainConfig) -> RolloutConfig:
+    """The rollout manager's settings for training episodes."""
+    r = config.rollout
+    return RolloutConfig(
+        concurrency=max(1, r.group_size), group_size=r.group_size, max_turns=r.max_turns,
+        max_total_tokens=r.max_total_tokens, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+        top_p=r.top_p, sampling_seed=config.seed, system_prompt=r.system_prompt, think_policy=r.think_policy,
+        request_timeout_s=r.request_timeout_s,
+    )
+
+
+def spec_to_dict(spec: EpisodeSpec) -> dict[str, Any]:
+    if spec.env_factory is not None:
+        raise ValueError("episodes made from env_factory cannot be checkpointed; register the env instead")
+    return {"env_id": spec.env_id, "seed": spec.seed, "options": spec.options, "env_kwargs": dict(spec.env_kwargs),
+            "group_id": spec.group_id, "max_new_tokens": spec.max_new_tokens, "metadata": dict(spec.metadata)}
+
+
+def spec_from_dict(data: dict[str, Any]) -> EpisodeSpec:
+    return EpisodeSpec(env_id=data["env_id"], seed=data.get("seed"), options=data.get("options"),
+                       env_kwargs=dict(data.get("env_kwargs") or {}), group_id=data.get("group_id"),
+                       max_new_tokens=data.get("max_new_tokens"), metadata=dict(data.get("metadata") or {}))
+
+
+class RolloutProducer:
+    """Fills the queue with scored groups; see the module docstring.
+
+    ``router`` is shared with the trainer in the embedded runtime (``owns_pause=False``: the
+    trainer's weight sync pauses it) and private to the rollout actor in the Ray runtime
+    (``owns_pause=True``: :meth:`pause` / :meth:`resume` drive it).
+    """
+
+    def __init__(self, config: ModesTrainConfig, codec: ChatCodec, router: EngineRouter, queue: Role,
+                 rewards: list[Role], *, owns_pause: bool = False) -> None:
+        self.config = config
+        self.codec = codec
+        self.router = router
+        self.queue = queue
+        self.rewards = rewards
+        self.owns_pause = owns_pause
+        envs = envs_of_suite(config.data.suite) if config.data.suite else list(config.data.envs)
+        self.sampler = EpisodeSampler(envs, seed=config.seed, seed_start=config.data.seed_start,
+                                      seed_count=config.data.seed_count)
+        self.batch_groups = config.rollout.prompts_per_step
+        self.max_staleness = config.async_rl.max_staleness
+        self.max_in_flight = max(1, config.rollout.concurrency // config.rollout.group_size)
+        self.rollout_cfg = rollout_config(config)
+        self.steps = 0  # training steps whose weights the engines serve
+        self.version = 0
+        self.effective = 0  # groups started that will be (or were) trained
+        self.pending: dict[str, EpisodeSpec] = {}  # drawn, not yet queued or dropped
+        self._regen: list[EpisodeSpec] = []
+        self.counts: Counter[str] = Counter()
+        self.rollout_stats: Counter[str] = Counter()
+        self.timeline: list[tuple[float, float, int]] = []  # (start, end, version) per finished group
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._managers: set[RolloutManager] = set()
+        self._cond: asyncio.Condition | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._next_reward = 0
+        self._error: BaseException | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    @property
+    def cond(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
+    def load_state_dict(self, state: dict[str, Any], *, skip_groups: set[str] | frozenset[str] = frozenset()) -> None:
+        """Restore the sampler and the groups to regenerate (minus ``skip_groups``: those the
+        restored queue already holds)."""
+        if not state:
+            return
+        self.sampler.load_state_dict(state.get("sampler", {}))
+        self._regen = [spec_from_dict(d) for d in state.get("pending", []) if d.get("group_id") not in skip_groups]
+        self.counts = Counter({k: int(v) for k, v in dict(state.get("counts", {})).items()})
+        self.counts["regenerated_groups"] += len(self._regen)
+
+    def state_dict(self) -> dict[str, Any]:
+        pending = list(self.pending.values()) + [s for s in self._regen if s.group not in self.pending]
+        return {"sampler": self.sampler.state_dict(), "pending": [spec_to_dict(s) for s in pending],
+                "counts": dict(self.counts)}
+
+    async def start(self, *, version: int, steps: int, effective: int) -> None:
+        """Begin producing for training step ``steps`` at weight ``version``; ``effective`` is the
+        number of groups already trained, queued or pending (0 for a fresh run)."""
+        self.version, self.steps, self.effective = version, steps, effective
+        self._stopping = False
+        self._loop_task = asyncio.create_task(self._loop(), name="rollout-producer")
+
+    async def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop drawing, abort in-flight episodes (they stay pending: a resume regenerates them)."""
+        self._stopping = True
+        async with self.cond:
+            self.cond.notify_all()
+        await asyncio.gather(*(m.stop() for m in list(self._managers)), return_exceptions=True)
+        tasks = [t for t in [self._loop_task, *self._in_flight.values()] if t is not None]
+        if tasks:
+            _done, late = await asyncio.wait(tasks, timeout=timeout_s)
+            for t in late:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop_task = None
+
+    # -- weight updates -------------------------------------------------------------------------------
+    async def pause(self) -> None:
+        """Before a weight update: pause the engines (in-flight segments return partial)."""
+        if self.owns_pause:
+            await self.router.pause("abort")
+
+    async def resume(self, version: int, steps: int, released_groups: int = 0) -> None:
+        """After a weight update: record the version, open the gate for step ``steps``,
+        free the slots of ``released_groups`` evicted groups, continue generation."""
+        self.version, self.steps = version, steps
+        self.effective -= released_groups
+        self.counts["released_groups"] += released_groups
+        set_version = getattr(self.router, "set_version", None)
+        if set_version is not None:
+            set_version(version)
+        if self.owns_pause:
+            await self.router.resume()
+        async with self.cond:
+            self.cond.notify_all()
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _may_start(self) -> bool:
+        if len(self._in_flight) >= self.max_in_flight:
+            return False
+        if self._regen:  # already counted in `effective`
+            return True
+        return self.effective < (self.steps + self.max_staleness + 1) * self.batch_groups
+
+    async def _loop(self) -> None:
+        try:
+            while not self._stopping:
+                async with self.cond:
+                    await self.cond.wait_for(lambda: self._stopping or self._may_start())
+                    if self._stopping:
+                        return
+                    if self._regen:
+                        spec = self._regen.pop(0)
+                    else:
+                        spec = self.sampler.next(1, tag="a:")[0]
+                        self.effective += 1
+                        self.counts["drawn_groups"] += 1
+                    self.pending[spec.group] = spec
+                    self._in_flight[spec.group] = asyncio.create_task(self._run_group(spec), name=f"group-{spec.group}")
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaced by stats()/check()
+            self._error = exc
+            log.exception("the rollout producer stopped")
+
+    async def _run_group(self, spec: EpisodeSpec) -> None:
+        start = time.time()
+        version = self.version
+        try:
+            manager = RolloutManager(self.router, self.codec, self.rollout_cfg)
+            # episode ids (and the sampling seeds derived from them) depend only on the run seed
+            # and the group id, whatever order groups interleave in
+            manager._run_id = f"{self.config.seed}-{spec.group}"  # noqa: SLF001
+            self._managers.add(manager)
+            try:
+                trajs = await manager.generate([spec])
+            finally:
+                self._managers.discard(manager)
+                for k, v in manager.metrics.snapshot().items():
+                    if isinstance(v, (int, float)):
+                        self.rollout_stats[k] += v
+            if self._stopping:
+                return  # stays pending; a resume regenerates it
+            if trajs and all(t.stop_reason in ("engine_error", "aborted") for t in trajs):
+                self.counts["groups_retried_engine_down"] += 1
+                await asyncio.sleep(RETRY_BACKOFF_S)
+                async with self.cond:
+                    self._regen.append(spec)
+                return
+            await self._finish_group(spec, trajs)
+            self.timeline.append((start, time.time(), version))
+            if len(self.timeline) > 20000:
+                del self.timeline[:10000]
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- one group must not stop production
+            log.exception("group %s failed in the producer", spec.group)
+            self.counts["group_internal_errors"] += 1
+            self._error = exc
+            async with self.cond:
+                self._regen.append(spec)
+        finally:
+            self._in_flight.pop(spec.group, None)
+            async with self.cond:
+                self.cond.notify_all()
+
+    async def _finish_group(self, spec: EpisodeSpec, trajs: list[Trajectory]) -> None:
+        c = self.config
+        self.counts["produced_groups"] += 1
+        self.counts["produced_samples"] += len(trajs)
+        results = await score_with_retries(self.rewards, reward_inputs(trajs), retries=c.async_rl.reward_retries,
+                                           counts=self.counts, start=self._next_reward)
+        self._next_reward += 1
+        scored = [ScoredSample(t, r.total, r) for t, r in zip(trajs, results, strict=True)]
+        sel = select_groups(scored, failed_reward=c.rewards.failed,
+                            drop_zero_variance=c.train.dynamic_sampling.enabled)
+        for reason, n in sel.dropped.items():
+            self.counts[f"dropped_samples/{reason}"] += n
+            self.counts["dropped_samples"] += n
+        if sel.zeroed:
+            self.counts["reward_failed_scored_zero"] += sel.zeroed
+        if not sel.kept:
+            async with self.cond:
+                self.effective -= 1  # frees the slot: a replacement is drawn
+                self.pending.pop(spec.group, None)
+                self.counts["dropped_groups"] += 1
+            return
+        kept = [s for g in sel.kept for s in g]
+        group = QueuedGroup(spec.group, [
+            QueuedSample(s.traj, float(s.reward if s.reward is not None else 0.0),
+                         dict(s.result.components) if s.result is not None else {})
+            for s in kept])
+        await self.queue.put(group)
+        self.counts["queued_groups"] += 1
+        self.counts["queued_samples"] += len(kept)
+        self.pending.pop(spec.group, None)
+
+    # -- views ----------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        if self._error is not None and isinstance(self._error, Exception) and self._loop_task is None:
+            raise RuntimeError(f"the rollout producer failed: {self._error}")
+        out = {f"producer/{k}": float(v) for k, v in sorted(self.counts.items())}
+        out["producer/in_flight_groups"] = float(len(self._in_flight))
+        out["producer/pending_groups"] = float(len(self.pending) + len(self._regen))
+        out["producer/effective_groups"] = float(self.effective)
+        for k in ("resumes", "failovers", "sampled_tokens", "requests"):
+            out[f"rollout/{k}_total"] = float(self.rollout_stats.get(k, 0))
+        return out
+
+    def take_timeline(self) -> list[tuple[float, float, int]]:
+        out, self.timeline = self.timeline, []
+        return out
+
+    def healthy(self) -> bool:
+        return self._loop_task is not None and not self._loop_task.done()
+
+    async def engines(self) -> list[dict[str, Any]]:
+        return self.router.list_engines()
+
+    async def add_engine(self, url: str, engine_id: str | None = None) -> dict[str, Any]:
+        handle = await self.router.add_engine(url, engine_id=engine_id)
+        return handle.status()
+
+    async def remove_engine(self, engine_id: str, timeout_s: float | None = None) -> None:
+        await self.router.remove_engine(engine_id, drain=True, wait=True, timeout_s=timeout_s)
+
+    async def close(self) -> None:
+        await self.stop()
+        with contextlib.suppress(Exception):
+            if self.owns_pause:
+                await self.router.close()
+
+
+__all__ = ["RolloutProducer", "rollout_config", "spec_from_dict", "spec_to_dict"]

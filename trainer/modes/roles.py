@@ -1,0 +1,66 @@
+"""Role handles: how the runner talks to the trainer, rollout, queue, reward and logprob roles
+without knowing where they live.
+
+``await role.method(*args)`` works the same on a :class:`LocalRole` (an object in this process:
+the embedded runtime; a method may be sync or async) and on a :class:`RayRole` (a Ray actor:
+``actor.method.remote(...)`` awaited). The runner, the producer and the workers only ever hold
+roles, so none of them knows which runtime it is in.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+class Role:
+    """Base: ``role.name(...)`` returns an awaitable of the method's result."""
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+
+        def method(*args: Any, **kwargs: Any) -> Awaitable[Any]:
+            return self.call(name, *args, **kwargs)
+
+        return method
+
+
+class LocalRole(Role):
+    """An object in this process; sync methods run inline (they must be quick), async ones are awaited."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.obj, name)(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def __repr__(self) -> str:
+        return f"LocalRole({type(self.obj).__name__})"
+
+
+class RayRole(Role):
+    """A Ray actor handle (picklable: roles travel to other actors)."""
+
+    def __init__(self, actor: Any, name: str = "") -> None:
+        self.actor = actor
+        self.name = name
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self.actor, name).remote(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RayRole({self.name})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RayRole, (self.actor, self.name))
+
+
+__all__ = ["LocalRole", "RayRole", "Role"]

@@ -1,0 +1,309 @@
+"""The fully_async and hybrid runners: rollout and training overlap, tied by the queue.
+
+One loop, whatever the runtime (it only holds :mod:`roles <.roles>`)::
+
+    learner.open()                         set-up, warm-up SFT, RL start, weights v published
+    producer.start()                       generates groups continuously (throttled, see producer.py)
+    repeat train.steps times:
+        batch = queue.get_batch(B)         whole groups, each sample admitted by its staleness
+        learner.train(batch)               advantages per group, updates on admitted samples
+        producer.pause()                   in-flight segments come back partial ...
+        learner.publish()                  ... weights v+1 reach every engine (verified) ...
+        queue.advance(v+1)                 ... too-stale groups are evicted (counted) ...
+        producer.resume(v+1)               ... partial segments continue on v+1; the gate opens
+        learner.end_step()                 metrics, evaluation when due
+        checkpoint when due                model + queue contents + producer state (+ pending)
+    producer.stop(); learner.finish()      final eval and checkpoint (nothing queued is lost)
+
+The embedded runtime (:class:`EmbeddedRuntime`, the default) builds every role in this process:
+one asyncio loop, engines as subprocesses, forward/backward passes in worker threads. The Ray
+runtime (:mod:`.ray_runtime`) builds them as actors. Neither the loop nor the algorithm code
+knows which one it runs on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from relax_gym.trainer.loop import RunSummary
+
+from .config import ModesTrainConfig
+from .roles import LocalRole, Role
+
+log = logging.getLogger("relax_gym.trainer.modes")
+
+
+@dataclass
+class Roles:
+    """Everything the runner talks to."""
+
+    learner: Role
+    queue: Role
+    rollout: Role
+    rewards: list[Role]
+    ref_worker: Role | None = None
+    prox_worker: Role | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    """Builds the roles; two phases because the data plane needs the engines the learner opened."""
+
+    async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role: ...
+
+    async def make_data_plane(self, config: ModesTrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def import_modules(names: list[str]) -> None:
+    for name in names:
+        importlib.import_module(name)
+
+
+def needs_workers(config: ModesTrainConfig) -> tuple[bool, bool]:
+    """(reference worker, proximal worker) for this config: only fully_async runs them, and only
+    when the algorithm needs those logprobs."""
+    if config.mode != "fully_async":
+        return False, False
+    a = config.algorithm
+    ref = a.kl_loss_coef > 0 or a.kl_reward_coef > 0
+    prox = config.train.mini_batches * config.train.epochs > 1
+    return ref, prox
+
+
+# ------------------------------------------------------------------------------------------------
+# the embedded runtime
+# ------------------------------------------------------------------------------------------------
+class EmbeddedRuntime:
+    """Every role in this process (asyncio + engine subprocesses + worker threads)."""
+
+    def __init__(self) -> None:
+        self._learner: Any = None
+        self._control: Any = None
+
+    async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role:
+        from .learner import Learner
+
+        import_modules(config.async_rl.imports)
+        self._learner = Learner(config, resume=resume)
+        return LocalRole(self._learner)
+
+    async def make_data_plane(self, config: ModesTrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
+        from .producer import RolloutProducer
+        from .queue import TrajectoryQueue
+        from .rewards import RewardWorker
+
+        c = config
+        a = c.async_rl
+        queue = TrajectoryQueue(capacity=a.capacity(c.rollout.prompts_per_step), max_staleness=a.max_staleness,
+                                stale_policy=a.stale_policy, version=int(info["version"]))
+        queue_role = LocalRole(queue)
+        rewards = [LocalRole(RewardWorker(c.rewards.entries, c.rewards.per_env, c.rewards.timeout_s))]
+        lrn = self._learner
+        producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False)
+        roles = Roles(learner=learner, queue=queue_role, rollout=LocalRole(producer), rewards=rewards)
+        want_ref, want_prox = needs_workers(c)
+        if want_ref or want_prox:
+            from .logprobs import LogprobWorker, current_weights
+
+            mb = c.train.micro_batch_size
+            if want_ref:
+                roles.ref_worker = LocalRole(LogprobWorker("ref", info["reference_model"], queue_role,
+                                                           temperature=c.rollout.temperature, micro_batch_size=mb))
+            if want_prox:
+                worker = LogprobWorker("prox", lrn.model_path, queue_role, temperature=c.rollout.temperature,
+                                       micro_batch_size=mb)
+                worker.update(int(info["version"]), current_weights(lrn.backend))
+                roles.prox_worker = LocalRole(worker)
+        if a.control_port is not None:
+            from relax_gym.trainer.rollout import ControlServer
+
+            self._control = await ControlServer(lrn.router, token=a.control_token, port=a.control_port).start()
+            write_control_file(c.out_dir, self._control.url, self._control.token)
+        return roles
+
+    async def shutdown(self) -> None:
+        if self._control is not None:
+            await self._control.stop()
+            self._control = None
+
+
+def write_control_file(out_dir: Path, url: str, token: str) -> None:
+    """``<out>/control.json``: where the elastic control API listens and its token (mode 0600)."""
+    path = Path(out_dir) / "control.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"url": url, "token": token}), encoding="utf-8")
+    path.chmod(0o600)
+
+
+# ------------------------------------------------------------------------------------------------
+# the loop
+# ------------------------------------------------------------------------------------------------
+class AsyncRunner:
+    """Runs a fully_async or hybrid training run on a runtime; see the module docstring."""
+
+    def __init__(self, config: ModesTrainConfig, runtime: Runtime, *, resume: bool = False) -> None:
+        if not config.is_async:
+            raise ValueError(f"AsyncRunner runs fully_async and hybrid; mode is {config.mode!r}")
+        self.config = config
+        self.runtime = runtime
+        self.resume = resume
+        self.roles: Roles | None = None
+        self.timeline: dict[str, list[tuple[float, float, int]]] = {"rollout": [], "train": []}
+        self.started_at = 0.0
+
+    async def run(self) -> RunSummary:
+        c = self.config
+        self.started_at = time.time()
+        learner = await self.runtime.make_learner(c, resume=self.resume)
+        curves: str | None = None
+        summary: dict[str, Any] = {}
+        try:
+            info = await learner.open()
+            if info["done"]:
+                summary = {"steps": info["step"], "first_eval": {}, "final_eval": {}, "elapsed_s": 0.0}
+                return self._summary(summary, None)
+            roles = self.roles = await self.runtime.make_data_plane(c, learner, info)
+            try:
+                await self._prepare(roles, info)
+                await self._loop(roles, int(info["step"]))
+                summary = await self._finish(roles)
+            finally:
+                await self._stop_workers(roles)
+                await self.runtime.shutdown()
+        finally:
+            with contextlib.suppress(Exception):
+                curves = await learner.close()
+        return self._summary(summary, curves)
+
+    def _summary(self, summary: dict[str, Any], curves: str | None) -> RunSummary:
+        out = self.config.out_dir
+        result = RunSummary(out, int(summary.get("steps", 0)), dict(summary.get("final_eval", {})),
+                            dict(summary.get("first_eval", {})), float(summary.get("elapsed_s", 0.0)),
+                            Path(curves) if curves else None)
+        (out / "summary.json").write_text(json.dumps({
+            "mode": self.config.mode, "runtime": self.config.async_rl.runtime, "steps": result.steps,
+            "first_eval": result.first_eval, "final_eval": result.final_eval,
+            "elapsed_s": round(result.elapsed_s, 2), "curves": curves}, indent=2), encoding="utf-8")
+        return result
+
+    async def _prepare(self, roles: Roles, info: dict[str, Any]) -> None:
+        groups = info["queue_groups"]
+        if groups or info["queue_state"]:
+            await roles.queue.restore(groups, info["queue_state"])
+        await roles.queue.advance(int(info["version"]))
+        queued = {g.group_id for g in groups}
+        producer_state = info["producer_state"]
+        await roles.rollout.load_state_dict(producer_state, skip_groups=queued)
+        pending = [p for p in producer_state.get("pending", []) if p.get("group_id") not in queued]
+        step = int(info["step"])
+        effective = step * self.config.rollout.prompts_per_step + len(groups) + len(pending)
+        for worker in (roles.ref_worker, roles.prox_worker):
+            if worker is not None:
+                await worker.start()
+        await roles.rollout.start(version=int(info["version"]), steps=step, effective=effective)
+
+    async def _loop(self, roles: Roles, step: int) -> None:
+        c = self.config
+        B = c.rollout.prompts_per_step
+        while step < c.train.steps:
+            start = time.time()
+            batch = await roles.queue.get_batch(B, timeout_s=c.async_rl.step_timeout_s)
+            metrics = await roles.learner.train(batch)
+            await roles.rollout.pause()
+            version, evicted, published = batch.version, [], step
+            try:
+                sync = await roles.learner.publish()
+                version = int(sync.pop("version"))
+                evicted = await roles.queue.advance(version)
+                published = step + 1
+            finally:
+                await roles.rollout.resume(version, published, len(evicted))
+            if roles.prox_worker is not None:
+                await roles.prox_worker.update(version, await roles.learner.current_weights())
+            step += 1
+            metrics.update(sync)
+            metrics.update(await roles.queue.stats())
+            metrics.update(await roles.rollout.stats())
+            for worker in (roles.ref_worker, roles.prox_worker):
+                if worker is not None:
+                    metrics.update(await worker.stats())
+            metrics["queue/evicted_now"] = float(len(evicted))
+            metrics["time/step_wall"] = time.time() - start
+            await self._collect_timeline(roles)
+            await roles.learner.end_step(step, metrics)
+            if await roles.learner.checkpoint_due(step):
+                await self._checkpoint(roles, f"step_{step:06d}")
+
+    async def _checkpoint(self, roles: Roles, name: str) -> str:
+        # producer first, then the queue: a group queued in between appears in both and the
+        # learner keeps the queue's copy, so nothing is lost and nothing regenerated twice
+        producer_state = await roles.rollout.state_dict()
+        snapshot = await roles.queue.snapshot()
+        return str(await roles.learner.save(name, producer_state, snapshot))
+
+    async def _collect_timeline(self, roles: Roles) -> None:
+        self.timeline["rollout"].extend(await roles.rollout.take_timeline())
+        self.timeline["train"].extend(await roles.learner.take_train_intervals())
+
+    async def _finish(self, roles: Roles) -> dict[str, Any]:
+        await roles.rollout.stop()
+        await self._collect_timeline(roles)
+        producer_state = await roles.rollout.state_dict()
+        snapshot = await roles.queue.snapshot()
+        await roles.queue.check()
+        self._write_timeline()
+        return dict(await roles.learner.finish(producer_state, snapshot))
+
+    async def _stop_workers(self, roles: Roles) -> None:
+        with contextlib.suppress(Exception):
+            await roles.rollout.stop()
+        for worker in (roles.ref_worker, roles.prox_worker):
+            if worker is not None:
+                with contextlib.suppress(Exception):
+                    await worker.stop()
+        with contextlib.suppress(Exception):
+            await roles.queue.close()
+
+    def _write_timeline(self) -> None:
+        path = self.config.out_dir / "timeline.json"
+        data = {k: [[round(a - self.started_at, 4), round(b - self.started_at, 4), v] for a, b, v in items]
+                for k, items in self.timeline.items()}
+        path.write_text(json.dumps(data), encoding="utf-8")
+
+
+async def run_async(config: ModesTrainConfig, *, resume: bool = False, runtime: Runtime | None = None) -> RunSummary:
+    """Run a fully_async / hybrid config on its configured runtime (or the one given)."""
+    if runtime is None:
+        if config.async_rl.runtime == "ray":
+            from .ray_runtime import RayRuntime
+
+            runtime = RayRuntime(config)
+        else:
+            runtime = EmbeddedRuntime()
+    return await AsyncRunner(config, runtime, resume=resume).run()
+
+
+def train(config: ModesTrainConfig, *, resume: bool = False) -> RunSummary:
+    """Run any mode to the end (blocking): colocate through the training core's loop, the
+    asynchronous modes through :class:`AsyncRunner`."""
+    if config.is_async:
+        return asyncio.run(run_async(config, resume=resume))
+    from relax_gym.trainer.config import TrainConfig
+    from relax_gym.trainer.loop import train as colocate_train
+
+    plain = TrainConfig.model_validate(config.model_dump(mode="json", exclude={"async_rl"}))
+    return colocate_train(plain, resume=resume)
+
+
+__all__ = ["AsyncRunner", "EmbeddedRuntime", "Roles", "Runtime", "import_modules", "needs_workers", "run_async",
+           "train", "write_control_file"]

@@ -1,0 +1,286 @@
+"""Weight updates while rollouts run: the distributed broadcast path, publishing with failover,
+and bringing engines that join (or come back) to the current weights before they serve.
+
+* :class:`DistributedWeightSync` -- SGLang's tensor-broadcast path. The trainer is rank 0 of a
+  process group the engines join through ``/init_weights_update_group``; each bucket of weights
+  is announced with ``/update_weights_from_distributed`` (names, dtypes, shapes) and broadcast
+  over the group. With ``backend="nccl"`` this is the GPU code path against SGLang; the embedded
+  engine implements the receiving side over gloo, so the same code runs (and is tested) on CPU.
+  A process group has a fixed membership, so the group is rebuilt whenever the set of live
+  engines changes (an engine died, joined or was removed).
+* :class:`WeightPublisher` -- what the trainer calls after each step: pause the engines (in-flight
+  segments come back partial and resume afterwards), push over the configured path (in-memory
+  tensors, disk, or broadcast), flush caches, verify every engine reports the new version.
+  An engine that dies mid-push is found by a health check and the push is retried on the
+  survivors, so one crash never stops training. It keeps the published weights so an engine
+  that joins later gets exactly them (:meth:`WeightPublisher.bring_up_to_date`).
+* :class:`ElasticRouter` -- the rollout router whose "bring this engine to the current weights"
+  step (used when an engine is added through the control API and when a dead one revives) asks
+  the trainer to push, then checks the version, so an engine never silently serves stale weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from relax_gym.protocol import EngineClient, EngineError
+from relax_gym.trainer.backend import TrainerBackend
+from relax_gym.trainer.rollout import EngineHandle, EngineRouter, WeightSyncError
+from relax_gym.trainer.weight_sync import SyncResult, WeightSync, WeightSyncFailed
+
+log = logging.getLogger("relax_gym.trainer.modes")
+
+SyncPath = Literal["tensor", "disk", "distributed"]
+_group_ids = itertools.count()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+# ------------------------------------------------------------------------------------------------
+# the distributed (broadcast) path
+# ------------------------------------------------------------------------------------------------
+class DistributedWeightSync:
+    """Broadcast weights to engines over a process group (see the module docstring).
+
+    ``push(named, version, urls)`` (re)builds the group when ``urls`` differ from its members,
+    then sends bucket after bucket. Only the last bucket carries the version, so an engine never
+    reports a version whose weights are half loaded.
+    """
+
+    def __init__(self, *, api_key: str | None = None, backend: str = "gloo", master_address: str = "127.0.0.1",
+                 master_port: int | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0) -> None:
+        self.api_key = api_key
+        self.backend = backend
+        self.master_address = master_address
+        self.master_port = master_port
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+        self._broadcaster: Any = None
+        self._members: tuple[str, ...] = ()
+        self.rebuilds = 0
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self._members
+
+    async def _open(self, urls: tuple[str, ...]) -> Any:
+        from relax_gym.trainer.engines.weights import EngineTarget, WeightBroadcaster
+
+        port = self.master_port if self.master_port and not self.rebuilds else free_port(self.master_address)
+        name = f"relax_weights_{next(_group_ids)}_{port}"
+        bc = WeightBroadcaster([EngineTarget(u, api_key=self.api_key) for u in urls],
+                               master_address=self.master_address, master_port=port, group_name=name,
+                               backend=self.backend, timeout_s=self.timeout_s)
+        await asyncio.wait_for(bc.init(), self.timeout_s)
+        return bc
+
+    async def ensure_group(self, urls: list[str]) -> None:
+        members = tuple(sorted(u.rstrip("/") for u in urls))
+        if self._broadcaster is not None and members == self._members:
+            return
+        await self.close()
+        self._broadcaster = await self._open(members)
+        self._members = members
+        self.rebuilds += 1
+
+    async def push(self, named: list[tuple[str, torch.Tensor]], version: int | str, urls: list[str]) -> int:
+        """Broadcast ``named`` to the engines at ``urls``; returns the number of buckets."""
+        await self.ensure_group(urls)
+        try:
+            return int(await asyncio.wait_for(
+                self._broadcaster.push(named, weight_version=str(version), bucket_bytes=self.bucket_bytes),
+                self.timeout_s))
+        except BaseException:
+            await self.close()  # a broken collective cannot be reused
+            raise
+
+    async def push_one(self, named: list[tuple[str, torch.Tensor]], version: int | str, url: str) -> int:
+        """A one-off group with a single engine (a joiner), leaving the main group alone."""
+        bc = await self._open((url.rstrip("/"),))
+        try:
+            return int(await asyncio.wait_for(
+                bc.push(named, weight_version=str(version), bucket_bytes=self.bucket_bytes), self.timeout_s))
+        finally:
+            await bc.close()
+
+    async def close(self) -> None:
+        if self._broadcaster is not None:
+            bc, self._broadcaster = self._broadcaster, None
+            self._members = ()
+            try:
+                await bc.close()
+            except Exception:  # noqa: BLE001 -- engines may be gone; the group is dropped either way
+                log.debug("closing the weight group failed", exc_info=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# publishing after each step
+# ------------------------------------------------------------------------------------------------
+class WeightPublisher:
+    """Pushes a backend's weights to every live engine of a router as a numbered version."""
+
+    def __init__(self, backend: TrainerBackend, router: EngineRouter, *, path: SyncPath, staging_dir: str | Path,
+                 api_key: str | None = None, bucket_bytes: int = 256 << 20,
+                 distributed: DistributedWeightSync | None = None, retries: int = 2) -> None:
+        self.backend = backend
+        self.router = router
+        self.path = path
+        self.api_key = api_key
+        self.bucket_bytes = bucket_bytes
+        self.retries = retries
+        self.staging_dir = Path(staging_dir)
+        self._engine_sync = WeightSync(backend, router, path="disk" if path == "disk" else "tensor",
+                                       staging_dir=staging_dir, api_key=api_key, bucket_bytes=bucket_bytes)
+        self.distributed = distributed
+        if path == "distributed" and distributed is None:
+            self.distributed = DistributedWeightSync(api_key=api_key, bucket_bytes=bucket_bytes)
+        self.version: int | None = None  # the version engines serve
+        self._snapshot: list[tuple[str, torch.Tensor]] | None = None
+        self.lock = asyncio.Lock()
+        self.events: dict[str, int] = {"publishes": 0, "retries": 0, "joins": 0}
+
+    def _live(self) -> list[EngineHandle]:
+        return [h for h in self.router.engines if h.state in ("ready", "draining")]
+
+    async def publish(self, version: int) -> dict[str, float]:
+        """Make every live engine serve the backend's current weights as ``version``."""
+        async with self.lock:
+            start = time.perf_counter()
+            attempt = 0
+            while True:
+                try:
+                    result = await self._push_all(version)
+                    break
+                except (EngineError, WeightSyncFailed, WeightSyncError, OSError, RuntimeError, TimeoutError) as exc:
+                    attempt += 1
+                    self.events["retries"] += 1
+                    log.warning("weight push v%d failed (%s); checking engine health and retrying", version, exc)
+                    await self.router.check_health()
+                    if attempt > self.retries or not self._live():
+                        raise WeightSyncFailed(f"weight sync v{version} failed after {attempt} attempts: {exc}") from exc
+            self.version = version
+            if self.path != "disk":
+                # the exact weights engines serve now; a joiner gets these, not a half-trained later state
+                self._snapshot = [(n, t.detach().to("cpu", copy=True)) for n, t in self.backend.named_weights()]
+            self.events["publishes"] += 1
+            metrics = result.metrics()
+            metrics["sync/seconds"] = time.perf_counter() - start
+            metrics["sync/retries"] = float(attempt)
+            return metrics
+
+    async def _push_all(self, version: int) -> SyncResult:
+        if self.path != "distributed":
+            return await self._engine_sync.push(version)
+        assert self.distributed is not None
+        router = self.router
+        start = time.perf_counter()
+        handles = self._live()
+        if not handles:
+            raise WeightSyncFailed("no live engine to sync weights to")
+        named = list(self.backend.named_weights())
+        nbytes = sum(t.numel() * t.element_size() for _, t in named)
+        async with router.paused_for_update():
+            await self.distributed.push(named, version, [h.url for h in handles])
+            router.weights_path = None
+            router.weight_version = str(version)
+            await asyncio.gather(*(h.client.flush_cache() for h in handles))
+        problems = []
+        for h in handles:
+            info = await h.client.model_info()
+            if info.weight_version != str(version):
+                problems.append(f"{h.id} reports {info.weight_version!r}, expected {version}")
+            else:
+                h.weight_version = str(version)
+        if problems:
+            raise WeightSyncFailed("; ".join(problems))
+        return SyncResult(version, "distributed", time.perf_counter() - start, nbytes, len(handles))
+
+    async def bring_up_to_date(self, url: str) -> str | None:
+        """Push the published weights to one engine (a joiner or a revived one); returns the
+        version it now serves (None before the first publish: it keeps its own weights)."""
+        async with self.lock:
+            if self.version is None:
+                return None
+            self.events["joins"] += 1
+            if self.path == "disk":
+                folder = self.router.weights_path
+                if folder is None:
+                    raise WeightSyncError("no published weight folder to load")
+                from relax_gym.protocol import UpdateWeightsFromDiskRequest
+
+                async with EngineClient(url, api_key=self.api_key) as client:
+                    await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(
+                        model_path=folder, weight_version=str(self.version)))
+            elif self.path == "tensor":
+                from relax_gym.trainer.engines.weights import push_weights_from_tensor
+
+                assert self._snapshot is not None
+                await push_weights_from_tensor(url, self._snapshot, weight_version=str(self.version),
+                                               api_key=self.api_key, bucket_bytes=self.bucket_bytes)
+            else:
+                assert self._snapshot is not None and self.distributed is not None
+                await self.distributed.push_one(self._snapshot, self.version, url)
+            return str(self.version)
+
+    async def close(self) -> None:
+        if self.distributed is not None:
+            await self.distributed.close()
+
+
+WeightsProvider = Callable[[str], Awaitable[str | None]]
+
+
+class ElasticRouter(EngineRouter):
+    """An :class:`EngineRouter` whose joining or reviving engines get the trainer's current
+    weights before they take traffic (``provider(url)`` pushes them and returns the version)."""
+
+    def __init__(self, *args: Any, provider: WeightsProvider | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.provider = provider
+        self.events.setdefault("joined_with_weights", 0)
+
+    async def _bring_to_current_weights(self, handle: EngineHandle) -> None:
+        if self.provider is None:
+            await super()._bring_to_current_weights(handle)
+            return
+        for _ in range(3):  # a publish may land between the push and the check: push again
+            pushed = await self.provider(handle.url)
+            info = await handle.client.model_info()
+            wanted = self.weight_version if pushed is None else pushed
+            if wanted is None or info.weight_version == wanted:
+                if self.weight_version is None or info.weight_version == self.weight_version:
+                    handle.weight_version = info.weight_version
+                    self.events["joined_with_weights"] += 1
+                    return
+        raise WeightSyncError(
+            f"engine {handle.id} reports weight version {info.weight_version!r}, expected {self.weight_version!r}")
+
+    def set_version(self, version: int | str) -> None:
+        """Record the version the trainer published (routers in other processes learn it here)."""
+        self.weight_version = str(version)
+        for h in self.engines:
+            if h.state in ("ready", "draining"):
+                h.weight_version = str(version)
+
+
+__all__ = [
+    "DistributedWeightSync",
+    "ElasticRouter",
+    "SyncPath",
+    "WeightPublisher",
+    "WeightsProvider",
+    "free_port",
+]
