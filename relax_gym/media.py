@@ -371,8 +371,15 @@ def encode_video(frames: np.ndarray, fps: float) -> bytes:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height = arr.shape[2], arr.shape[1]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
-        stream.thread_count = 1  # keeps the encoded bytes deterministic
+        # One encoder thread and no threaded lookahead: x264's threaded modes can change the
+        # bitstream with scheduling, and the checker compares these bytes across runs.
+        stream.options = {
+            "crf": "18",
+            "preset": "veryfast",
+            "threads": "1",
+            "x264-params": "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0",
+        }
+        stream.thread_count = 1
         for frame in arr:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)
