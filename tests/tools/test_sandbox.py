@@ -207,3 +207,55 @@ def test_namespace_mode_hides_the_host_home_but_not_the_interpreter(pool: Sandbo
         # only the way to the interpreter is visible in a home directory that hid it
         visible = {p[len(home) + 1 :].split("/")[0] for p in (sys.base_prefix, sys.prefix) if p.startswith(home + "/")}
         assert set(listing) <= visible, listing
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "rlimits"])
+def test_death_by_signal_is_reported(mode: str, request: pytest.FixtureRequest) -> None:
+    p: SandboxPool = request.getfixturevalue("pool" if mode == "namespaces" else "rlimits_pool")
+    r = p.run("import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)")
+    assert r.exit_code == -11 and r.killed_reason == "crashed (SIGSEGV)" and r.stdout == "before\n"
+    r = p.run("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)")
+    assert r.exit_code == -15 and r.killed_reason == "killed by signal SIGTERM"
+
+
+def test_supervisor_backstop_kills_when_the_host_stalls(pool: SandboxPool) -> None:
+    """The host normally enforces the deadline; if it stalls, the supervisor kills anyway."""
+    from relax_gym.tools.sandbox import _zygote
+    from relax_gym.tools.sandbox.pool import _read_supervisor
+
+    worker = pool._claim()
+    try:
+        assert worker.wait_ready(30) is None
+        _zygote._write_fd_message(worker.fds["req"], {"code": "import time; time.sleep(60)", "limits": pool.limits.to_wire(), "session": False})
+        start = time.monotonic()
+        worker.notify({"type": "call", "timeout_s": 0.3})  # ...and then the host does nothing
+        while worker.exited is None and time.monotonic() - start < 10:
+            import select
+
+            select.select([worker.sock], [], [], 0.5)
+            _read_supervisor(worker)
+        elapsed = time.monotonic() - start
+        assert worker.exited is not None and worker.exited.get("type") == "exit"
+        assert 0.3 + _zygote.BACKSTOP_MARGIN_S - 0.2 < elapsed < 0.3 + _zygote.BACKSTOP_MARGIN_S + 3
+    finally:
+        worker.close()
+
+
+def test_supervisor_dying_mid_call_is_reported(pool: SandboxPool) -> None:
+    import signal as sig
+
+    from relax_gym.tools.sandbox.pool import _call
+
+    worker = pool._claim()
+    try:
+        assert worker.wait_ready(30) is None
+        lim = pool.limits.with_overrides(timeout_s=20)
+        killer = threading.Timer(0.5, lambda: os.kill(worker.pid, sig.SIGKILL))
+        killer.start()
+        start = time.monotonic()
+        reply = _call(worker, {"code": "import time; time.sleep(60)", "limits": lim.to_wire(), "session": False}, lim)
+        assert time.monotonic() - start < 5
+        assert str(reply["killed_reason"]).startswith("sandbox_error") and reply["exit_code"] is None
+    finally:
+        worker.close()
+    assert wait_until_gone() == []

@@ -1,30 +1,37 @@
-"""The process side of the python sandbox: zygote, supervisor and executor (standard library only).
+"""The process side of the python sandbox: zygote, supervisor, executor and runner
+(standard library only).
 
-The host (``pool.py``) starts this file once, as ``python -I _zygote.py --control-fd N``, in a
-new session with a minimal environment. Three kinds of process live here:
+The host (``pool.py``) starts this file once, as ``python -I _zygote.py --control-fd N``, with a
+minimal environment. The processes:
 
 * **zygote** -- one per pool. It probes which isolation the kernel allows, optionally imports
-  slow modules once (``--preload numpy``), and forks supervisors on request. Each new
-  supervisor's socket is passed to the host over the control socket (``SCM_RIGHTS``), so the
-  host talks to supervisors directly and the zygote stays off the call path.
-* **supervisor** -- one per call (or per stateful session). It prepares an executor ahead of
-  time, then waits for the host's request, enforces the wall clock, caps the output and reports
-  one result. It never runs user code and keeps its privileges.
-* **executor** -- forked by the supervisor *before* any request, so the expensive set-up is off
-  the call path: a new network namespace (no interfaces up, so no network at all), a new mount
-  namespace in which every mount is read-only and ``/tmp`` is a fresh size-limited tmpfs (the
-  call's working directory, gone when the namespace dies), and, as the init of a new PID
-  namespace, the guarantee that killing it kills every process the code started. On the request
-  it applies rlimits, drops to a per-call uid, clears the environment and ``exec``s the code.
+  slow modules once (``--preload numpy``), freezes its heap for the garbage collector and forks
+  supervisors on request. Each new supervisor's socket goes to the host over the control
+  socket (``SCM_RIGHTS``); the zygote stays off the call path.
+* **supervisor** -- one per call (or stateful session), in a session of its own. It prepares
+  an executor *before* any request, then hands the runner's four pipes (request, status,
+  stdout, stderr) to the host and steps aside: the host drives the call, so a call costs two
+  process wake-ups (host -> runner -> host). The supervisor keeps a backstop deadline (it kills
+  the executor if the host overruns the call's timeout by ``BACKSTOP_MARGIN_S``), reports how
+  the executor ended, and kills, reaps and cleans up when the host lets go of the worker.
+* **executor** -- set up off the call path: a new network namespace (no interface is up, so
+  there is no network at all), a new mount namespace in which every mount is read-only and
+  ``/tmp`` is a fresh size-limited tmpfs owned by the call's uid (the working directory, gone
+  with the namespace), a private ``/proc``, and the interpreter's own directories bound back
+  if they sit under a directory other users cannot enter (e.g. a pyenv under ``/root``). With
+  a PID namespace the executor is its init: it only reaps, and its death kills every process
+  the code started.
+* **runner** -- the executor's child (or the executor itself without a PID namespace). On the
+  request it applies rlimits, drops to the call's uid, clears the environment and ``exec``s the
+  code in a fresh ``__main__``; it reports ``done`` with the exit code on the status pipe.
 
 Where the kernel refuses namespaces (or ``isolation="rlimits"`` is asked for), the executor runs
 in a fresh temporary directory on the host's disk, in its own process group, with the same
-rlimits and uid drop (when we are root); the supervisor kills the group and, as the call's uid,
-every process that escaped the group. What that mode does not enforce is written in
-docs/tools.md.
+rlimits and uid drop (when we are root); killing targets the process group and, as the call's
+uid, every process that escaped it. docs/tools.md says what that mode does not enforce.
 
-Messages are length-prefixed JSON: host <-> supervisor over a stream socket, supervisor <->
-executor over pipes; zygote -> host over a SEQPACKET socket carrying one fd per message.
+Messages are length-prefixed JSON on pipes; over the SEQPACKET sockets each datagram is one
+such message, optionally carrying file descriptors.
 """
 
 from __future__ import annotations
@@ -58,35 +65,6 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 def encode_message(obj: Any) -> bytes:
     data = json.dumps(obj, ensure_ascii=False).encode("utf-8")
     return _HEADER.pack(len(data)) + data
-
-
-def send_message(sock: socket.socket, obj: Any) -> None:
-    sock.sendall(encode_message(obj))
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks: list[bytes] = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def recv_message(sock: socket.socket) -> Any | None:
-    """One message, or None when the peer closed the socket."""
-    head = _recv_exact(sock, _HEADER.size)
-    if head is None:
-        return None
-    (size,) = _HEADER.unpack(head)
-    if size > MAX_MESSAGE_BYTES:
-        raise ValueError(f"message of {size} bytes is too large")
-    body = _recv_exact(sock, size)
-    if body is None:
-        return None
-    return json.loads(body.decode("utf-8"))
 
 
 def _write_fd_message(fd: int, obj: Any) -> None:
@@ -320,7 +298,6 @@ class HeadTail:
 # ------------------------------------------------------------------------------------------------
 # executor: runs the user's code
 # ------------------------------------------------------------------------------------------------
-MINIMAL_ENV_KEYS = ("LANG", "LC_ALL")
 _FD_REQ, _FD_STATUS = 3, 4
 
 
@@ -362,7 +339,6 @@ def _max_fd() -> int:
 
 def _setup_executor(caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> str:
     """Namespaces and the working directory; runs before any request (off the call path)."""
-    os.setsid()
     if caps["network"]:
         unshare(CLONE_NEWNET)
     if caps["filesystem"]:
@@ -505,10 +481,14 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
             if runner != 0:
                 _init_loop(runner)
             set_parent_death_signal()
+        # A session of its own gives the code a process group to kill and a fresh scheduler
+        # autogroup; on a busy machine the latter is what lets the runner wake up promptly.
+        os.setsid()
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        _warm_up()
         _write_fd_message(_FD_STATUS, {"type": "setup", "workdir": workdir})
     except BaseException as exc:
         try:
@@ -516,6 +496,21 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
         finally:
             os._exit(70)
     _runner_loop(workdir, uid)
+
+
+def _warm_up() -> None:
+    """Walk the request path once on dummy data: the pages it touches are copied from the
+    zygote now, not during the call (each copy-on-write fault costs microseconds)."""
+    import builtins
+
+    json.loads(encode_message({"code": "pass", "limits": {"timeout_s": 1}})[_HEADER.size :].decode("utf-8"))
+    saved = sys.stdout
+    sys.stdout = io.StringIO()
+    try:
+        exec(compile("print(sum(range(3)))\n", "<warm-up>", "exec"), {"__builtins__": builtins})
+    finally:
+        sys.stdout = saved
+    encode_message({"type": "done", "exit_code": 0, "reason": None})
 
 
 def _init_loop(runner: int) -> None:
@@ -574,35 +569,43 @@ def _runner_loop(workdir: str, uid: int | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# supervisor: one per call or session
+# supervisor: one per call or session, off the call path
 # ------------------------------------------------------------------------------------------------
-_SIGNAL_REASONS = {
-    signal.SIGXCPU: "cpu_time_limit",
-    signal.SIGXFSZ: "file_size_limit",
-    signal.SIGSEGV: "crashed (SIGSEGV)",
-}
+BACKSTOP_MARGIN_S = 2.0
+_PIPE_BYTES = 1 << 20
+F_SETPIPE_SZ = 1031
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe buffer, so printing rarely blocks (the default is 64 KiB)."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, _PIPE_BYTES)
+    except OSError:
+        pass
 
 
 class _Executor:
     """The supervisor's handle on its executor process."""
 
-    def __init__(self, pid: int, caps: dict[str, Any], uid: int | None, fds: dict[str, int]) -> None:
+    def __init__(self, pid: int, caps: dict[str, Any], uid: int | None) -> None:
         self.pid = pid
         self.caps = caps
         self.uid = uid
-        self.fds = fds
         self.status: int | None = None
+        self.cpu_s = 0.0
         try:
             self.pidfd: int | None = os.pidfd_open(pid)
         except (AttributeError, OSError):
             self.pidfd = None
-        self.status_buf = bytearray()
 
-    def poll(self) -> int | None:
+    def poll(self, block: bool = False) -> int | None:
         if self.status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(self.pid, 0 if block else os.WNOHANG)
             if pid == self.pid:
                 self.status = status
+                self.cpu_s = usage.ru_utime + usage.ru_stime
         return self.status
 
     def signal_kill(self) -> None:
@@ -623,8 +626,10 @@ class _Executor:
         self.signal_kill()
         if not self.caps["pid"]:
             self._kill_uid_leftovers()
-        if self.status is None:
-            _, self.status = os.waitpid(self.pid, 0)
+        try:
+            self.poll(block=True)
+        except ChildProcessError:
+            pass
 
     def _kill_uid_leftovers(self) -> None:
         """Children that left the process group still run as the call's uid: a helper that
@@ -649,144 +654,45 @@ class _Executor:
                 return
 
 
-def _pop_status(ex: _Executor) -> dict[str, Any] | None:
-    buf = ex.status_buf
-    if len(buf) < _HEADER.size:
-        return None
-    (size,) = _HEADER.unpack(buf[: _HEADER.size])
-    if len(buf) < _HEADER.size + size:
-        return None
-    body = bytes(buf[_HEADER.size : _HEADER.size + size])
-    del buf[: _HEADER.size + size]
-    return json.loads(body.decode("utf-8"))
-
-
-def _drain_status(ex: _Executor) -> None:
+def _await_setup(status_fd: int, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    buf = bytearray()
     while True:
-        try:
-            data = os.read(ex.fds["status"], 65536)
-        except BlockingIOError:
-            return
-        if not data:
-            return
-        ex.status_buf += data
-
-
-def _drain(fd: int, sink: HeadTail) -> int:
-    """Read whatever is buffered without blocking; returns the byte count."""
-    n = 0
-    while True:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return n
-        if not data:
-            return n
-        sink.add(data)
-        n += len(data)
-
-
-def _take_messages(ex: _Executor, got: dict[str, dict[str, Any]]) -> None:
-    """Move complete status messages from the buffer into ``got`` by type (first one wins)."""
-    while True:
-        msg = _pop_status(ex)
-        if msg is None:
-            return
-        got.setdefault(str(msg.get("type")), msg)
-
-
-def _supervise_call(ex: _Executor, req: dict[str, Any]) -> dict[str, Any]:
-    lim = req["limits"]
-    out, err = HeadTail(int(lim["max_output_bytes"])), HeadTail(int(lim["max_output_bytes"]))
-    kill_bytes = int(lim["output_kill_bytes"])
-    start = time.monotonic()
-    deadline = start + float(lim["timeout_s"])
-    _write_fd_message(
-        ex.fds["req"],
-        {"code": req["code"], "limits": lim, "session": bool(req.get("session")), "session_cpu_s": req.get("session_cpu_s")},
-    )
-    streams = {ex.fds["out"]: out, ex.fds["err"]: err}
-    watch = [ex.fds["out"], ex.fds["err"], ex.fds["status"]] + ([ex.pidfd] if ex.pidfd is not None else [])
-    got: dict[str, dict[str, Any]] = {}
-    killed: str | None = None  # why we killed it, if we did
-    while not ("done" in got or "exit" in got):
+        if len(buf) >= _HEADER.size:
+            (size,) = _HEADER.unpack(buf[: _HEADER.size])
+            if len(buf) >= _HEADER.size + size:
+                return json.loads(bytes(buf[_HEADER.size : _HEADER.size + size]).decode("utf-8"))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            killed = "timeout"
-            break
-        ready, _, _ = select.select(watch, [], [], min(remaining, 0.05 if ex.pidfd is None else remaining))
-        for fd in ready:
-            if fd in streams:
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if data:
-                    streams[fd].add(data)
-                else:
-                    watch.remove(fd)
-            elif fd == ex.fds["status"]:
-                data = os.read(fd, 65536)
-                if not data:
-                    watch.remove(fd)
-                ex.status_buf += data
-                _take_messages(ex, got)
-        if out.total + err.total > kill_bytes:
-            killed = "output_limit"
-            break
-        if not ("done" in got or "exit" in got) and ex.poll() is not None:
-            _drain_status(ex)
-            _take_messages(ex, got)
-            break
-    duration = time.monotonic() - start
-    done = got.get("done")
-    session_alive = bool(req.get("session")) and done is not None and killed is None
-    if not session_alive:
-        # Signal now, reap after replying: tearing the namespaces down takes milliseconds
-        # (RCU grace periods) that the caller need not wait for.
-        ex.signal_kill()
-    for fd, sink in streams.items():
-        _drain(fd, sink)
-    reason: str | None = killed
-    cpu_s: float | None = None
-    if killed is not None:
-        exit_code: int | None = -signal.SIGKILL
-    elif done is not None:
-        exit_code, reason = int(done["exit_code"]), done.get("reason")
-    elif "exit" in got:  # the runner died; its init told us how
-        exit_code = os.waitstatus_to_exitcode(int(got["exit"]["status"]))
-        cpu_s = float(got["exit"].get("cpu_s", 0.0))
-    else:
-        status = ex.poll()
-        exit_code = None if status is None else os.waitstatus_to_exitcode(status)
-    if reason is None and exit_code is not None and exit_code < 0:
-        sig = -exit_code
-        reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {signal.Signals(sig).name}"
-        if sig == signal.SIGKILL and cpu_s is not None and cpu_s >= float(lim["cpu_s"]) - 0.05:
-            reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
-    return {
-        "type": "result",
-        "stdout": out.text(),
-        "stderr": err.text(),
-        "stdout_truncated": out.dropped,
-        "stderr_truncated": err.dropped,
-        "exit_code": exit_code,
-        "timed_out": killed == "timeout",
-        "killed_reason": reason,
-        "duration_s": duration,
-        "session_alive": session_alive,
-    }
+            return {"type": "setup_failed", "error": "executor set-up timed out"}
+        ready, _, _ = select.select([status_fd], [], [], remaining)
+        if ready:
+            try:
+                data = os.read(status_fd, 65536)
+            except BlockingIOError:
+                continue
+            if not data:
+                return {"type": "setup_failed", "error": "executor exited during set-up"}
+            buf += data
 
 
 def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> None:
-    """One supervisor: prepare an executor now, then serve one call (or one session)."""
+    """One supervisor: prepare an executor, hand its pipes to the host, then guard it.
+
+    The host then talks to the runner directly (a call costs two process wake-ups, not four);
+    the supervisor stays off the call path and only (1) kills the executor if the host's
+    deadline passes by more than ``BACKSTOP_MARGIN_S`` (should the host be stalled), (2) tells
+    the host how the executor ended, and (3) cleans up when the host lets go."""
     set_parent_death_signal()
+    os.setsid()  # a fresh scheduler autogroup: see executor_main
     if caps["pid"]:
         unshare(CLONE_NEWPID)
     req_r, req_w = os.pipe()
     status_r, status_w = os.pipe()
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    for fd in (req_w, out_r, err_r):
+        _grow_pipe(fd)
     pid = os.fork()
     if pid == 0:
         host.close()
@@ -795,77 +701,64 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
         executor_main({"req": req_r, "status": status_w, "out": out_w, "err": err_w}, caps, uid, tmpfs_mb)
     for fd in (req_r, status_w, out_w, err_w):
         os.close(fd)
-    fds = {"req": req_w, "status": status_r, "out": out_r, "err": err_r}
     for fd in (status_r, out_r, err_r):
         os.set_blocking(fd, False)
-    ex = _Executor(pid, caps, uid, fds)
-    setup = _await_setup(ex, 30.0)
+    ex = _Executor(pid, caps, uid)
+    setup = _await_setup(status_r, 30.0)
     try:
-        _serve(host, ex, setup)
-    finally:
         try:
-            ex.kill()
-        except ChildProcessError:
-            pass
+            if setup.get("type") == "setup":
+                ready = {"type": "ready", "executor_pid": pid, "workdir": setup["workdir"]}
+                socket.send_fds(host, [encode_message(ready)], [req_w, status_r, out_r, err_r])
+            else:
+                host.send(encode_message({"type": "failed", "error": str(setup.get("error"))}))
+        finally:
+            for fd in (req_w, status_r, out_r, err_r):
+                os.close(fd)
+        if setup.get("type") == "setup":
+            _guard(host, ex)
+    except OSError:
+        pass  # the host went away
+    finally:
+        ex.kill()
         if setup.get("type") == "setup" and not caps["filesystem"]:
             shutil.rmtree(setup["workdir"], ignore_errors=True)
     os._exit(0)
 
 
-def _await_setup(ex: _Executor, timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
+def _guard(host: socket.socket, ex: _Executor) -> None:
+    """Wait for the host to let go or the executor to end; enforce the backstop deadline."""
+    deadline: float | None = None
     while True:
-        msg = _pop_status(ex)
-        if msg is not None:
-            return msg
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return {"type": "setup_failed", "error": "executor set-up timed out"}
-        ready, _, _ = select.select([ex.fds["status"]], [], [], remaining)
-        if ready:
-            data = os.read(ex.fds["status"], 65536)
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if ex.pidfd is None:
+            wait = 0.05 if wait is None else min(wait, 0.05)
+        ready, _, _ = select.select([host] + ([ex.pidfd] if ex.pidfd is not None else []), [], [], wait)
+        if deadline is not None and time.monotonic() >= deadline:
+            ex.signal_kill()  # the host should have killed it by now
+            deadline = None
+        if host in ready:
+            data = host.recv(65536)
             if not data:
-                return {"type": "setup_failed", "error": "executor exited during set-up"}
-            ex.status_buf += data
-
-
-def _serve(host: socket.socket, ex: _Executor, setup: dict[str, Any]) -> None:
-    req = recv_message(host)
-    if req is None or req.get("type") != "run":
-        return
-    if setup.get("type") != "setup":
-        send_message(host, _error_result(f"sandbox set-up failed: {setup.get('error')}"))
-        return
-    while True:
-        result = _supervise_call(ex, req)
-        send_message(host, result)
-        if not result["session_alive"]:
-            return
-        req = recv_message(host)
-        if req is None or req.get("type") != "run":
+                return  # the host is done with this worker
+            try:
+                msg = json.loads(data[_HEADER.size :].decode("utf-8"))
+            except ValueError:
+                msg = {}
+            if msg.get("type") == "call":
+                deadline = time.monotonic() + float(msg["timeout_s"]) + BACKSTOP_MARGIN_S
+            elif msg.get("type") == "idle":
+                deadline = None
+        if ex.poll() is not None:
+            try:
+                host.send(encode_message({"type": "exit", "status": ex.status, "cpu_s": ex.cpu_s}))
+            except OSError:
+                pass
             return
 
 
-def _error_result(message: str) -> dict[str, Any]:
-    return {
-        "type": "result",
-        "stdout": "",
-        "stderr": "",
-        "stdout_truncated": 0,
-        "stderr_truncated": 0,
-        "exit_code": None,
-        "timed_out": False,
-        "killed_reason": f"sandbox_error: {message}",
-        "duration_s": 0.0,
-        "session_alive": False,
-    }
-
-
-# ------------------------------------------------------------------------------------------------
-# zygote
-# ------------------------------------------------------------------------------------------------
 def _spawn_supervisor(ctl: socket.socket, caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> int:
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         try:
@@ -915,6 +808,12 @@ def zygote_main(argv: list[str]) -> int:
             __import__(name)
         except Exception as exc:  # a missing optional module must not stop the sandbox
             print(f"sandbox: preload {name!r} failed: {exc}", file=sys.stderr)
+    # Everything imported so far is shared copy-on-write with every worker: keep the garbage
+    # collector from walking (and so copying) those pages in each of them.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     hello = {"type": "hello", "pid": os.getpid(), "caps": caps, "error": problem}
     ctl.sendall(encode_message(hello))
     if problem:

@@ -1,9 +1,11 @@
 """Host side of the python sandbox: a warm pool of pre-forked, single-use workers.
 
-``SandboxPool`` starts one *zygote* process (``_zygote.py``) and keeps ``size`` supervisors
-ready. A call claims one (the zygote forks a replacement at once), sends the code, waits for
-one result and drops the worker, so nothing survives from one call to the next. The host
-process itself never forks: it may be multithreaded (asyncio, torch), the zygote is not.
+``SandboxPool`` starts one *zygote* process (``_zygote.py``) and keeps ``size`` workers ready,
+each with its namespaces and interpreter already set up. A call claims one (the zygote forks
+a replacement at once), writes the code straight to the worker's runner, waits on its status
+pipe while enforcing the wall clock and the output caps, and drops the worker: nothing
+survives from one call to the next. The host process itself never forks -- it may be
+multithreaded (asyncio, torch) -- the zygote is not.
 
 Thread-safe: any number of threads may call ``run`` concurrently; each call holds its own
 worker, and the pool's lock covers only the claim.
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import atexit
 import collections
+import json
 import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -30,7 +34,6 @@ from .limits import ExecResult, SandboxLimits
 
 Isolation = Literal["auto", "full", "rlimits"]
 _ZYGOTE = Path(_zygote.__file__)
-_REPLY_MARGIN_S = 5.0
 
 
 class SandboxError(RuntimeError):
@@ -38,21 +41,86 @@ class SandboxError(RuntimeError):
 
 
 class _Worker:
-    """A claimed supervisor: its pid and the socket the zygote passed us."""
+    """A claimed worker: the supervisor's socket and, once it is ready, the runner's pipes.
 
-    def __init__(self, pid: int, sock: socket.socket) -> None:
+    The host drives each call itself -- it writes the request to the runner, enforces the
+    wall clock, caps the output and kills the executor -- so a call costs two process
+    wake-ups; the supervisor only backs the deadline up and cleans up after the worker."""
+
+    def __init__(self, pid: int, sock: socket.socket, caps: dict[str, bool]) -> None:
         self.pid = pid
         self.sock = sock
+        self.caps = caps
+        self.executor_pid: int | None = None
+        self.pidfd: int | None = None
+        self.fds: dict[str, int] = {}
+        self.status_buf = bytearray()
+        self.exited: dict[str, Any] | None = None  # the supervisor's report of the executor's end
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """Receive the runner's pipes; returns an error message if the worker is unusable."""
+        if self.fds:
+            return None
+        try:
+            self.sock.settimeout(timeout_s)
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
+        except OSError as exc:
+            return f"the sandbox worker did not become ready: {exc}"
+        msg = _decode(data) if data else None
+        if not msg or msg.get("type") != "ready" or len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            why = (msg or {}).get("error") or "the supervisor exited before it was ready"
+            return f"sandbox set-up failed: {why}"
+        self.fds = dict(zip(("req", "status", "out", "err"), fds))
+        os.set_blocking(self.fds["req"], True)
+        self.executor_pid = int(msg["executor_pid"])
+        try:
+            self.pidfd = os.pidfd_open(self.executor_pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.sock.setblocking(False)
+        return None
+
+    def notify(self, msg: dict[str, Any]) -> None:
+        try:
+            self.sock.send(_zygote.encode_message(msg))
+        except OSError:
+            pass
+
+    def kill_executor(self) -> None:
+        """SIGKILL the executor (with a PID namespace: everything the code started)."""
+        try:
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            elif self.executor_pid is not None:
+                os.kill(self.executor_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+        if not self.caps.get("pid") and self.executor_pid is not None:
+            try:
+                os.killpg(self.executor_pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self) -> None:
+        """Kill the supervisor too (it takes its executor along)."""
+        self.kill_executor()
         try:
             os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 
     def close(self) -> None:
+        for fd in list(self.fds.values()) + ([self.pidfd] if self.pidfd is not None else []):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = {}
+        self.pidfd = None
         try:
-            self.sock.close()
+            self.sock.close()  # the supervisor sees EOF: it kills, reaps and cleans up
         except OSError:
             pass
 
@@ -237,7 +305,7 @@ class SandboxPool:
             if fds:
                 sock = socket.socket(fileno=fds[0])
                 if msg and msg.get("type") == "worker":
-                    self._ready.append(_Worker(int(msg["pid"]), sock))
+                    self._ready.append(_Worker(int(msg["pid"]), sock, self._caps))
                 else:
                     sock.close()
             wait = 0.0
@@ -264,23 +332,20 @@ class SandboxPool:
         """Run ``code`` in a fresh sandbox and return what happened; never raises for anything
         the code does (see :class:`ExecResult`)."""
         lim = (limits or self.limits).with_overrides(**overrides)
-        request = {"type": "run", "code": code, "limits": lim.to_wire(), "session": False}
+        request = {"code": code, "limits": lim.to_wire(), "session": False}
         last_error = "no attempt"
         for _ in range(3):
             worker = self._claim()
             try:
-                reply, sent = _exchange(worker, request, lim.timeout_s + _REPLY_MARGIN_S)
+                problem = worker.wait_ready(_READY_TIMEOUT_S)
+                if problem is not None:
+                    last_error = problem
+                    worker.kill()
+                    continue  # a worker that could not set up; another one will
+                return self._result(_call(worker, request, lim))
             finally:
                 worker.close()
-            if isinstance(reply, dict):
-                if str(reply.get("killed_reason") or "").startswith("sandbox_error: sandbox set-up failed"):
-                    last_error = str(reply["killed_reason"])
-                    continue  # a worker that could not set up; another one will
-                return self._result(reply)
-            last_error = reply
-            if sent:
-                break  # the code may have run: do not run it twice
-        return self._result(_failure(last_error, timed_out="did not answer" in last_error))
+        return self._result(_failure(last_error))
 
     def session(self, limits: SandboxLimits | None = None, *, session_cpu_s: float | None = None, **overrides: Any) -> PythonSession:
         """A stateful REPL: variables persist across ``run`` calls, under the same limits."""
@@ -301,8 +366,6 @@ class SandboxPool:
 
 
 def _decode(data: bytes) -> dict[str, Any] | None:
-    import json
-
     try:
         obj = json.loads(data[4:].decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
@@ -310,24 +373,149 @@ def _decode(data: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _exchange(worker: _Worker, request: dict[str, Any], wait_s: float) -> tuple[dict[str, Any] | str, bool]:
-    """Send one request, wait for its reply. Returns (reply or error text, whether it was sent)."""
-    sent = False
+_SIGNAL_REASONS = {
+    signal.SIGXCPU: "cpu_time_limit",
+    signal.SIGXFSZ: "file_size_limit",
+    signal.SIGSEGV: "crashed (SIGSEGV)",
+}
+_DRAIN_TICK_S = 0.02
+_READY_TIMEOUT_S = 30.0
+
+
+def _drain(fd: int, sink: _zygote.HeadTail) -> None:
+    """Read whatever is buffered without blocking."""
+    while True:
+        try:
+            data = os.read(fd, 1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            return
+        if not data:
+            return
+        sink.add(data)
+
+
+def _take_messages(worker: _Worker, got: dict[str, dict[str, Any]]) -> None:
+    buf = worker.status_buf
+    while len(buf) >= 4:
+        (size,) = struct.unpack("!I", buf[:4])
+        if len(buf) < 4 + size:
+            return
+        try:
+            msg = json.loads(bytes(buf[4 : 4 + size]).decode("utf-8"))
+        except ValueError:
+            msg = {}
+        del buf[: 4 + size]
+        got.setdefault(str(msg.get("type")), msg)
+
+
+def _read_status(worker: _Worker, got: dict[str, dict[str, Any]]) -> bool:
+    """Read the status pipe; False once it reached EOF."""
+    while True:
+        try:
+            data = os.read(worker.fds["status"], 65536)
+        except (BlockingIOError, InterruptedError):
+            break
+        if not data:
+            _take_messages(worker, got)
+            return False
+        worker.status_buf += data
+    _take_messages(worker, got)
+    return True
+
+
+def _read_supervisor(worker: _Worker) -> None:
     try:
-        worker.sock.settimeout(wait_s)
-        _zygote.send_message(worker.sock, request)
-        sent = True
-        reply = _zygote.recv_message(worker.sock)
-    except socket.timeout:
-        worker.kill()
-        return f"the sandbox supervisor did not answer within {wait_s:.1f} s", sent
-    except (OSError, ValueError) as exc:
-        worker.kill()
-        return f"the sandbox supervisor failed: {exc}", sent
-    if reply is None:
-        worker.kill()
-        return "the sandbox supervisor exited without a result", sent
-    return reply, sent
+        data = worker.sock.recv(65536)
+    except (BlockingIOError, InterruptedError):
+        return
+    except OSError:
+        data = b""
+    if not data:
+        worker.exited = worker.exited or {"type": "gone"}
+        return
+    msg = _decode(data)
+    if msg and msg.get("type") == "exit":
+        worker.exited = msg
+
+
+def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[str, Any]:
+    """One call on a ready worker: send the code, wait for the runner's status (or the
+    deadline), keep the output within its caps, and say what happened."""
+    wire = lim.to_wire()
+    out, err = _zygote.HeadTail(lim.max_output_bytes), _zygote.HeadTail(lim.max_output_bytes)
+    start = time.monotonic()
+    deadline = start + lim.timeout_s
+    try:
+        _zygote._write_fd_message(worker.fds["req"], request)
+    except OSError as exc:
+        return _failure(f"the sandbox runner is gone ({exc})")
+    worker.notify({"type": "call", "timeout_s": lim.timeout_s})
+    got: dict[str, dict[str, Any]] = {}
+    killed: str | None = None
+    status_open = True
+    # Output is not watched: each write would wake this thread. The pipes hold 1 MiB; the
+    # tick drains them.
+    while not ("done" in got or "exit" in got):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            killed = "timeout"
+            break
+        watch = ([worker.fds["status"]] if status_open else []) + [worker.sock]
+        ready, _, _ = select.select(watch, [], [], min(remaining, _DRAIN_TICK_S))
+        if worker.fds["status"] in ready:
+            status_open = _read_status(worker, got)
+        if worker.sock in ready:
+            _read_supervisor(worker)
+        _drain(worker.fds["out"], out)
+        _drain(worker.fds["err"], err)
+        if out.total + err.total > lim.output_kill_bytes:
+            killed = "output_limit"
+            break
+        if worker.exited is not None and not ("done" in got or "exit" in got):
+            _read_status(worker, got)
+            break
+    duration = time.monotonic() - start
+    done = got.get("done")
+    session_alive = bool(request.get("session")) and done is not None and killed is None
+    if not session_alive:
+        worker.kill_executor()  # background children die with it (asynchronously)
+    elif request.get("session"):
+        worker.notify({"type": "idle"})
+    _drain(worker.fds["out"], out)
+    _drain(worker.fds["err"], err)
+    reason: str | None = killed
+    cpu_s: float | None = None
+    exit_code: int | None
+    if killed is not None:
+        exit_code = -signal.SIGKILL
+    elif done is not None:
+        exit_code, reason = int(done["exit_code"]), done.get("reason")
+    elif "exit" in got:  # the runner died; its PID-namespace init said how
+        exit_code = os.waitstatus_to_exitcode(int(got["exit"]["status"]))
+        cpu_s = float(got["exit"].get("cpu_s", 0.0))
+    elif worker.exited is not None and worker.exited.get("type") == "exit":  # no init: the supervisor did
+        exit_code = os.waitstatus_to_exitcode(int(worker.exited["status"]))
+        cpu_s = float(worker.exited.get("cpu_s", 0.0))
+    else:
+        return {**_failure("the sandbox supervisor exited during the call"), "stdout": out.text(), "stderr": err.text()}
+    if reason is None and exit_code < 0:
+        sig = -exit_code
+        reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {signal.Signals(sig).name}"
+        if sig == signal.SIGKILL and cpu_s is not None and cpu_s >= float(wire["cpu_s"]) - 0.05:
+            reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
+    return {
+        "stdout": out.text(),
+        "stderr": err.text(),
+        "stdout_truncated": out.dropped,
+        "stderr_truncated": err.dropped,
+        "exit_code": exit_code,
+        "timed_out": killed == "timeout",
+        "killed_reason": reason,
+        "duration_s": duration,
+        "session_alive": session_alive,
+    }
 
 
 def _failure(message: str, *, timed_out: bool = False) -> dict[str, Any]:
@@ -368,19 +556,17 @@ class PythonSession:
                 )
             lim = self.limits.with_overrides(timeout_s=timeout_s)
             if self._worker is None:
-                self._worker = self.pool._claim()
-            request = {
-                "type": "run",
-                "code": code,
-                "limits": lim.to_wire(),
-                "session": True,
-                "session_cpu_s": self.session_cpu_s,
-            }
-            reply, _ = _exchange(self._worker, request, lim.timeout_s + _REPLY_MARGIN_S)
+                worker = self.pool._claim()
+                problem = worker.wait_ready(_READY_TIMEOUT_S)
+                if problem is not None:
+                    worker.kill()
+                    worker.close()
+                    self._ended = problem
+                    return self.pool._result(_failure(problem))
+                self._worker = worker
+            request = {"code": code, "limits": lim.to_wire(), "session": True, "session_cpu_s": self.session_cpu_s}
+            reply = _call(self._worker, request, lim)
             self.calls += 1
-            if not isinstance(reply, dict):
-                self._end(reply)
-                return self.pool._result(_failure(reply, timed_out="did not answer" in reply))
             if not reply.get("session_alive"):
                 self._end(str(reply.get("killed_reason") or f"exit code {reply.get('exit_code')}"))
             return self.pool._result(reply)
