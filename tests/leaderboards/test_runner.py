@@ -269,12 +269,27 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -
     import sys
     import time
 
-    args = ["eval", "--suite", "relax/core-v0", "--agent", "random", "--attempts", "2", "--concurrency", "1",
-            "--no-progress", "--out"]
+    args = [
+        "eval",
+        "--suite",
+        "relax/core-v0",
+        "--agent",
+        "random",
+        "--attempts",
+        "2",
+        "--concurrency",
+        "1",
+        "--no-progress",
+        "--out",
+    ]
     full = _run("random", tmp_path / "full", suite="relax/core-v0", attempts=2, concurrency=4).summary
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "relax_gym.cli.main", *args, str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "relax_gym.cli.main", *args, str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     episodes = out / "episodes.jsonl"
     deadline = time.monotonic() + 60
     try:
