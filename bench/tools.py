@@ -5,10 +5,10 @@
     python bench/tools.py                      # 200 rounds, 20 ms between rounds
     python bench/tools.py --rounds 500 --gap-ms 0 --json
 
-Each round times one pool call and one fresh-subprocess call, in alternating order. The gap
-between rounds stands for the model turn that separates two tool calls in an episode; the
-pool refills in it. ``--gap-ms 0`` measures back-to-back calls, where refills compete with
-the calls on the CPU. Prints a Markdown table (and, with ``--json``, the raw figures).
+Each round times one pool call and the fresh-subprocess calls, in alternating order, with a
+pause before each call that stands for the model turn separating two tool calls of an episode
+(the pool refills meanwhile). A last series times pool calls in a tight loop, where refilling
+competes with the calls for the CPU. Prints a Markdown table (``--json``: also raw figures).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ def main() -> int:
         return elapsed
 
     samples: dict[str, list[float]] = {"warm pool": [], **{k: [] for k in fresh_cmds}}
+    tight = "warm pool, back-to-back (no pause: refills compete with calls)"
     try:
         for i in range(args.warmup + args.rounds):
             order = ["warm pool", *fresh_cmds] if i % 2 == 0 else [*fresh_cmds, "warm pool"]
@@ -90,6 +91,8 @@ def main() -> int:
                 elapsed = pool_call() if name == "warm pool" else fresh_call(fresh_cmds[name])
                 if i >= args.warmup:
                     samples[name].append(elapsed)
+        time.sleep(0.5)
+        samples[tight] = [pool_call() for _ in range(args.rounds)]
     finally:
         pool.close()
 

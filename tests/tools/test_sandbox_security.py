@@ -275,3 +275,39 @@ def test_background_children_do_not_survive(any_pool: SandboxPool) -> None:
     r = run_attack(any_pool, code, timeout_s=5.0)
     assert r.stdout == "spawned\n"
     assert wait_until_gone(marker) == [], "a background process outlived the call"
+
+
+def test_unix_socket_of_a_host_service_under_run(pool: SandboxPool) -> None:
+    """Path-based Unix sockets ignore network namespaces; the sandbox's /run is empty."""
+    if not (pool.capabilities["filesystem"] and os.path.isdir("/run") and not os.path.islink("/run")):
+        pytest.skip("needs a mount namespace and a /run directory")
+    path = f"/run/relax-test-{uuid.uuid4().hex[:8]}.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    os.chmod(path, 0o777)  # a service socket anyone may connect to
+    srv.listen(1)
+    srv.settimeout(0.5)
+    try:
+        code = (
+            "import socket, os\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n"
+            f"    s.connect({path!r})\n"
+            "    print('connected')\n"
+            "except OSError as exc:\n"
+            "    print('blocked:', exc, os.listdir('/run'))\n"
+        )
+        r = run_attack(pool, code, timeout_s=5.0)
+        assert r.stdout.startswith("blocked:"), r.stdout
+        with pytest.raises(socket.timeout):
+            srv.accept()
+    finally:
+        srv.close()
+        os.unlink(path)
+
+
+def test_sysv_ipc_is_private(pool: SandboxPool) -> None:
+    if not pool.capabilities["network"]:
+        pytest.skip("no network/IPC namespace")
+    r = run_attack(pool, "print(open('/proc/sysvipc/shm').read().count('\\n'))", timeout_s=5.0)
+    assert r.stdout.strip() == "1"  # the header line only: no segment of the host is visible

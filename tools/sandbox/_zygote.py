@@ -99,6 +99,7 @@ def _read_fd_message(fd: int) -> Any | None:
 # kernel interfaces that the os module lacks on Python 3.11
 # ------------------------------------------------------------------------------------------------
 CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -181,7 +182,7 @@ def probe_capabilities(isolation: str) -> dict[str, Any]:
     caps = {"network": False, "filesystem": False, "pid": False, "uid": root, "root": root}
     if isolation == "rlimits":
         return caps
-    caps["network"] = _probe_in_child(lambda: unshare(CLONE_NEWNET))
+    caps["network"] = _probe_in_child(lambda: unshare(CLONE_NEWNET | CLONE_NEWIPC))
     caps["filesystem"] = _probe_in_child(_probe_filesystem)
 
     def pid_probe() -> None:
@@ -340,12 +341,17 @@ def _max_fd() -> int:
 def _setup_executor(caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> str:
     """Namespaces and the working directory; runs before any request (off the call path)."""
     if caps["network"]:
-        unshare(CLONE_NEWNET)
+        unshare(CLONE_NEWNET | CLONE_NEWIPC)  # no network; no SysV IPC or POSIX queues shared
     if caps["filesystem"]:
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         if uid is not None:
             expose_python(blocked_python_paths())
+        # Path-based Unix sockets ignore network namespaces; /run is where hosts keep them
+        # (D-Bus, container runtimes), so the sandbox gets an empty one.
+        for run_dir in ("/run", "/var/run"):
+            if os.path.isdir(run_dir) and not os.path.islink(run_dir):
+                mount("tmpfs", run_dir, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=0755")
         for point in _mount_points():
             try:
                 mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
