@@ -311,14 +311,15 @@ class Learner(Trainer):
 
     # -- the ledger --------------------------------------------------------------------------------------
     def _write_ledger(self, batch: Batch, version: int) -> None:
-        trained, refused, stale = [], [], []
+        trained, refused, stale, oldest = [], [], [], []
         for group, marks, ok in zip(batch.groups, batch.staleness, batch.admitted, strict=True):
             for s, m, yes in zip(group.samples, marks, ok, strict=True):
                 (trained if yes else refused).append(s.sample_id)
                 if yes:
                     stale.append(m)
+                    oldest.append(s.min_version)
         record = {"step": self.state.step + 1, "version": version, "groups": [g.group_id for g in batch.groups],
-                  "trained": trained, "refused": refused, "staleness": stale}
+                  "trained": trained, "refused": refused, "staleness": stale, "min_versions": oldest}
         with (self.out / LEDGER).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
 

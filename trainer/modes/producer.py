@@ -101,6 +101,7 @@ class RolloutProducer:
         self.pending: dict[str, EpisodeSpec] = {}  # drawn, not yet queued or dropped
         self._regen: list[EpisodeSpec] = []
         self.counts: Counter[str] = Counter()
+        self.dropped_ids: list[str] = []  # groups dropped whole before the queue (for audits)
         self.rollout_stats: Counter[str] = Counter()
         self.timeline: list[tuple[float, float, int]] = []  # (start, end, version) per finished group
         self._in_flight: dict[str, asyncio.Task[None]] = {}
@@ -110,6 +111,7 @@ class RolloutProducer:
         self._stopping = False
         self._next_reward = 0
         self._error: BaseException | None = None
+        self._put_lock: asyncio.Lock | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -117,6 +119,12 @@ class RolloutProducer:
         if self._cond is None:
             self._cond = asyncio.Condition()
         return self._cond
+
+    @property
+    def put_lock(self) -> asyncio.Lock:
+        if self._put_lock is None:
+            self._put_lock = asyncio.Lock()
+        return self._put_lock
 
     def load_state_dict(self, state: dict[str, Any], *, skip_groups: set[str] | frozenset[str] = frozenset()) -> None:
         """Restore the sampler and the groups to regenerate (minus ``skip_groups``: those the
@@ -126,12 +134,13 @@ class RolloutProducer:
         self.sampler.load_state_dict(state.get("sampler", {}))
         self._regen = [spec_from_dict(d) for d in state.get("pending", []) if d.get("group_id") not in skip_groups]
         self.counts = Counter({k: int(v) for k, v in dict(state.get("counts", {})).items()})
+        self.dropped_ids = [str(g) for g in state.get("dropped_ids", [])]
         self.counts["regenerated_groups"] += len(self._regen)
 
     def state_dict(self) -> dict[str, Any]:
         pending = list(self.pending.values()) + [s for s in self._regen if s.group not in self.pending]
         return {"sampler": self.sampler.state_dict(), "pending": [spec_to_dict(s) for s in pending],
-                "counts": dict(self.counts)}
+                "counts": dict(self.counts), "dropped_ids": list(self.dropped_ids)}
 
     async def start(self, *, version: int, steps: int, effective: int) -> None:
         """Begin producing for training step ``steps`` at weight ``version``; ``effective`` is the
@@ -246,34 +255,54 @@ class RolloutProducer:
 
     async def _finish_group(self, spec: EpisodeSpec, trajs: list[Trajectory]) -> None:
         c = self.config
-        self.counts["produced_groups"] += 1
-        self.counts["produced_samples"] += len(trajs)
         results = await score_with_retries(self.rewards, reward_inputs(trajs), retries=c.async_rl.reward_retries,
                                            counts=self.counts, start=self._next_reward)
         self._next_reward += 1
         scored = [ScoredSample(t, r.total, r) for t, r in zip(trajs, results, strict=True)]
         sel = select_groups(scored, failed_reward=c.rewards.failed,
                             drop_zero_variance=c.train.dynamic_sampling.enabled)
-        for reason, n in sel.dropped.items():
-            self.counts[f"dropped_samples/{reason}"] += n
-            self.counts["dropped_samples"] += n
-        if sel.zeroed:
-            self.counts["reward_failed_scored_zero"] += sel.zeroed
-        if not sel.kept:
-            async with self.cond:
-                self.effective -= 1  # frees the slot: a replacement is drawn
-                self.pending.pop(spec.group, None)
-                self.counts["dropped_groups"] += 1
-            return
         kept = [s for g in sel.kept for s in g]
         group = QueuedGroup(spec.group, [
             QueuedSample(s.traj, float(s.reward if s.reward is not None else 0.0),
                          dict(s.result.components) if s.result is not None else {})
             for s in kept])
-        await self.queue.put(group)
-        self.counts["queued_groups"] += 1
-        self.counts["queued_samples"] += len(kept)
+        while True:
+            # counting, queueing and leaving `pending` happen together under the lock that
+            # checkpoint_state() holds, so a checkpoint sees the group in exactly one place
+            async with self.put_lock:
+                if kept and not await self.queue.try_put(group):
+                    queued = False
+                else:
+                    queued = True
+                    self._account(spec, trajs, sel, group if kept else None)
+            if queued or self._stopping:
+                return  # when stopping, the group stays pending: a resume regenerates it
+            await self.queue.wait_for_space(timeout_s=1.0)
+
+    def _account(self, spec: EpisodeSpec, trajs: list[Trajectory], sel: Any, group: QueuedGroup | None) -> None:
+        self.counts["produced_groups"] += 1
+        self.counts["produced_samples"] += len(trajs)
+        for reason, n in sel.dropped.items():
+            self.counts[f"dropped_samples/{reason}"] += n
+            self.counts["dropped_samples"] += n
+        if sel.zeroed:
+            self.counts["reward_failed_scored_zero"] += sel.zeroed
         self.pending.pop(spec.group, None)
+        if group is None:
+            self.effective -= 1  # frees the slot: a replacement is drawn
+            self.counts["dropped_groups"] += 1
+            self.dropped_ids.append(spec.group)
+        else:
+            self.counts["queued_groups"] += 1
+            self.counts["queued_samples"] += len(group)
+
+    async def checkpoint_state(self) -> tuple[dict[str, Any], tuple[list[QueuedGroup], dict[str, Any]]]:
+        """This producer's state and the queue's snapshot, taken together (no group is in
+        flight between them)."""
+        async with self.put_lock:
+            state = self.state_dict()
+            snapshot = await self.queue.snapshot()
+        return state, snapshot
 
     # -- views ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -152,6 +152,7 @@ class TrajectoryQueue:
         self._changed: asyncio.Condition | None = None
         self._claims: dict[AnnotationKind, dict[str, int]] = {"ref": {}, "prox": {}}
         self.counts: Counter[str] = Counter()
+        self.evicted_ids: list[str] = []  # groups that left untrained (for audits)
 
     # -- asyncio plumbing (the condition binds to the loop that first uses the queue) ---------------
     @property
@@ -220,6 +221,25 @@ class TrajectoryQueue:
         self.counts["produced_groups"] += 1
         self.counts["produced_samples"] += len(group)
 
+    async def try_put(self, group: QueuedGroup) -> bool:
+        """Add a whole group if there is room; False when the queue is full."""
+        if len(self._groups) >= self.capacity and not self._closed:
+            self.counts["put_waits"] += 1
+            return False
+        self.put_nowait(group)
+        await self._notify()
+        return True
+
+    async def wait_for_space(self, *, timeout_s: float | None = None) -> bool:
+        """Wait until the queue has room (or ``timeout_s`` passes); True if it has room."""
+        async with self._cond:
+            try:
+                await asyncio.wait_for(self._cond.wait_for(lambda: len(self._groups) < self.capacity or self._closed),
+                                       timeout_s)
+            except TimeoutError:
+                pass
+            return len(self._groups) < self.capacity
+
     async def put(self, group: QueuedGroup, *, timeout_s: float | None = None) -> None:
         """Add a whole group, waiting while the queue is full."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -252,6 +272,7 @@ class TrajectoryQueue:
                     self.counts["evicted_groups"] += 1
                     self.counts["dropped_stale_samples"] += len(group)
                     evicted.append(gid)
+        self.evicted_ids.extend(evicted)
         return evicted
 
     async def advance(self, version: int) -> list[str]:
@@ -372,7 +393,8 @@ class TrajectoryQueue:
     def snapshot(self) -> tuple[list[QueuedGroup], dict[str, Any]]:
         """The queued groups (arrival order) and the counters, for a checkpoint."""
         groups = sorted(self._groups.values(), key=lambda g: g.seq)
-        return groups, {"version": self.version, "counts": dict(self.counts), "seq": self._seq}
+        return groups, {"version": self.version, "counts": dict(self.counts), "seq": self._seq,
+                        "evicted_ids": list(self.evicted_ids)}
 
     def restore(self, groups: list[QueuedGroup], state: dict[str, Any]) -> None:
         """Inverse of :meth:`snapshot` on an empty queue."""
@@ -381,6 +403,7 @@ class TrajectoryQueue:
         self.version = int(state.get("version", self.version))
         self.counts = Counter({k: int(v) for k, v in dict(state.get("counts", {})).items()})
         self._seq = int(state.get("seq", 0))
+        self.evicted_ids = [str(g) for g in state.get("evicted_ids", [])]
         for group in sorted(groups, key=lambda g: g.seq):
             self._groups[group.group_id] = group
             self._seen.add(group.group_id)

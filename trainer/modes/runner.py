@@ -245,10 +245,8 @@ class AsyncRunner:
                 await self._checkpoint(roles, f"step_{step:06d}")
 
     async def _checkpoint(self, roles: Roles, name: str) -> str:
-        # producer first, then the queue: a group queued in between appears in both and the
-        # learner keeps the queue's copy, so nothing is lost and nothing regenerated twice
-        producer_state = await roles.rollout.state_dict()
-        snapshot = await roles.queue.snapshot()
+        # taken together: no group moves between the producer's pending set and the queue meanwhile
+        producer_state, snapshot = await roles.rollout.checkpoint_state()
         return str(await roles.learner.save(name, producer_state, snapshot))
 
     async def _collect_timeline(self, roles: Roles) -> None:
@@ -258,8 +256,7 @@ class AsyncRunner:
     async def _finish(self, roles: Roles) -> dict[str, Any]:
         await roles.rollout.stop()
         await self._collect_timeline(roles)
-        producer_state = await roles.rollout.state_dict()
-        snapshot = await roles.queue.snapshot()
+        producer_state, snapshot = await roles.rollout.checkpoint_state()
         await roles.queue.check()
         self._write_timeline()
         return dict(await roles.learner.finish(producer_state, snapshot))
