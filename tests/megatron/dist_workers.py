@@ -536,3 +536,29 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
         "export_logprob_max_diff": float(((after.logprobs[0][1:] - ref_lp[0]) * mask).abs().max()),
         "world_size": dist.get_world_size(),
     }
+
+
+def bf16_backend_check(model_dir: str, work_dir: str) -> Result:
+    """bf16 parameters (fp32 main weights in Megatron's optimizer): steps, save, resume."""
+    from relax_gym.trainer.algorithms import AlgorithmConfig
+    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
+    from relax_gym.trainer.megatron.backend import MegatronBackend
+
+    backend = MegatronBackend(
+        model_dir,
+        megatron={"params_dtype": "bfloat16"},
+        micro_batch_size=3,
+        optimizer=OptimizerSettings(lr=1e-3),
+    )
+    batch = grpo_batch(backend.dims.vocab_size)
+    batch.old_logprobs = backend.compute_logprobs(batch).logprobs
+    objective = PolicyObjective(AlgorithmConfig())
+    losses = [backend.train_step(batch, objective)["loss"] for _ in range(2)]
+    backend.save_state(Path(work_dir) / "state")
+    losses.append(backend.train_step(batch, objective)["loss"])
+    backend.load_state(Path(work_dir) / "state")
+    return {
+        "dtypes": sorted({str(p.dtype) for p in backend.ddp.parameters()}),
+        "losses": losses,
+        "resumed_loss": backend.train_step(batch, objective)["loss"],
+    }

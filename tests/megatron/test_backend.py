@@ -109,3 +109,17 @@ def test_cpu_without_debug_flag_is_a_clear_error(
         MegatronBackend(model_dir)
     with pytest.raises(MegatronBackendError, match="not an HF model folder"):
         MegatronBackend(tmp_path / "nowhere")
+
+
+@pytest.mark.slow
+def test_bf16_steps_and_resume(tmp_path: Path) -> None:
+    model_dir = tiny_models.save_model(tiny_models.qwen3_config(), tmp_path / "hf")
+    r = dist_workers.run_isolated(
+        dist_workers.bf16_backend_check,
+        env={"RELAX_MEGATRON_CPU_SHIM": "1"},
+        model_dir=str(model_dir),
+        work_dir=str(tmp_path / "work"),
+    )
+    assert r["dtypes"] == ["torch.bfloat16"]
+    assert r["losses"][-1] < r["losses"][0]
+    assert r["resumed_loss"] == pytest.approx(r["losses"][-1], abs=1e-6)

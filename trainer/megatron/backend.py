@@ -155,6 +155,7 @@ class MegatronBackend(TrainerBackend):
         self.dims = dims_from_hf_config(self.hf_config)
         self.is_vision = self.dims.mrope_section is not None
         source = SafetensorsSource(self.model_path)
+        self._vision: dict[str, int] | None = None
         if self.is_vision:
             from relax_gym.trainer.megatron.vl import Qwen3VLMegatron
 
@@ -174,7 +175,6 @@ class MegatronBackend(TrainerBackend):
             module = build_gpt_model(self.dims, self.cfg, config=config)
             load_hf_weights(module, self.dims, source)
             self.gpt = module
-            self._vision = None
         self.module = module
         config = module.config
         config.calculate_per_token_loss = True  # no /num_microbatches, DDP sums over DP

@@ -85,9 +85,21 @@ def build_gpt_model(dims: ModelDims, cfg: MegatronConfig, config: Any | None = N
         rotary_base=dims.rope_theta,
         mrope_section=dims.mrope_section,
     )
+    _norms_to_params_dtype(model, config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def _norms_to_params_dtype(model: Any, dtype: torch.dtype) -> None:
+    """torch's RMSNorm (the local spec's norm) ignores ``params_dtype`` and stays float32.
+
+    Mixed parameter dtypes break Megatron's bf16/fp16 optimizer checkpointing (it maps only the
+    half-precision parameters), and HF keeps its norms in the model dtype too.
+    """
+    for module in model.modules():
+        if isinstance(module, torch.nn.RMSNorm):
+            module.to(dtype)
 
 
 def unwrap_model(model: Any) -> Any:
