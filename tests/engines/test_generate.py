@@ -255,3 +255,20 @@ async def test_client_error_types(text_engine: EmbeddedEngineProcess) -> None:
             await client.generate(GenerateRequest(input_ids=[10_000_000]))
         assert info.value.status == 400
         assert await client.health()
+
+
+async def test_next_turn_reuses_the_cached_prefix(text_engine: EmbeddedEngineProcess, ids: list[int],
+                                                  scripted_qwen3: Path) -> None:
+    """A multi-turn prompt (previous prompt + answer + new tokens) prefills only the new part."""
+    first_prompt = ids + [7, 8, 9, 10]
+    async with EngineClient(text_engine.url) as client:
+        first = await client.generate(req(first_prompt, 12, ignore_eos=True, sampling_seed=1))
+        turn2 = first_prompt + first.output_ids + [11, 12, 13]
+        second = await client.generate(req(turn2, 10, ignore_eos=True, sampling_seed=2))
+    # The engine cached every token it fed: the prompt and all but the last sampled token.
+    assert second.meta_info.cached_tokens == len(first_prompt) + len(first.output_ids) - 1
+    model = AutoModelForCausalLM.from_pretrained(str(scripted_qwen3), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([turn2 + second.output_ids])).logits[0, len(turn2) - 1:-1]
+    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(second.output_ids)[:, None]).squeeze(1)
+    assert float((ref - torch.tensor(second.token_logprobs())).abs().max()) < 1e-4

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .sampling import LogprobMode
+if TYPE_CHECKING:  # the sampler imports torch; this module must stay light until serve() runs
+    from .sampling import LogprobMode
 
 
 @dataclass
@@ -52,6 +55,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(opts: EmbeddedOptions) -> int:
     """Run the server until interrupted. Returns the process exit code."""
+    if not (Path(opts.model) / "config.json").is_file():  # fail before paying for torch's import
+        print(f"error: {opts.model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+        return 2
     import torch
     import uvicorn
 

@@ -140,8 +140,19 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+@dataclass
+class GroupHandle:
+    """A process group and the TCPStore it rendezvoused on (rank 0 hosts the store's server,
+    so the store must live as long as the group)."""
+
+    group: Any
+    store: Any
+    rank: int
+    world_size: int
+
+
 def new_process_group(master_address: str, master_port: int, rank: int, world_size: int, *,
-                      group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> Any:
+                      group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> GroupHandle:
     """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
     timeout = _dt.timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
@@ -152,26 +163,18 @@ def new_process_group(master_address: str, master_port: int, rank: int, world_si
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
     else:
         raise WeightTransportError(f"unsupported backend {backend!r}; expected 'gloo' or 'nccl'")
-    group._relax_store = store  # keep the store (and its server on rank 0) alive with the group
-    return group
+    return GroupHandle(group, store, rank, world_size)
 
 
-def broadcast(group: Any, tensors: list[torch.Tensor], root: int = 0) -> None:
+def broadcast(handle: GroupHandle, tensors: list[torch.Tensor], root: int = 0) -> None:
     """Broadcast each tensor from ``root`` in order, then wait for all of them."""
     works = []
     for t in tensors:
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        works.append(group.broadcast([t], opts))
+        works.append(handle.group.broadcast([t], opts))
     for w in works:
         w.wait()
-
-
-@dataclass
-class _Group:
-    group: Any
-    rank: int
-    world_size: int
 
 
 class WeightReceiver:
@@ -179,7 +182,7 @@ class WeightReceiver:
 
     def __init__(self, timeout_s: float = 600.0) -> None:
         self.timeout_s = timeout_s
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, GroupHandle] = {}
 
     @property
     def group_names(self) -> list[str]:
@@ -195,9 +198,9 @@ class WeightReceiver:
         rank = req.rank_offset  # one engine rank (no tensor parallelism here)
         if not 0 < rank < req.world_size:
             raise WeightTransportError(f"rank_offset {rank} is outside 1..{req.world_size - 1}")
-        group = new_process_group(req.master_address, req.master_port, rank, req.world_size,
-                                  group_name=req.group_name, backend="gloo", timeout_s=self.timeout_s)
-        self._groups[req.group_name] = _Group(group, rank, req.world_size)
+        self._groups[req.group_name] = new_process_group(
+            req.master_address, req.master_port, rank, req.world_size,
+            group_name=req.group_name, backend="gloo", timeout_s=self.timeout_s)
 
     def destroy_group(self, group_name: str) -> bool:
         return self._groups.pop(group_name, None) is not None
@@ -209,7 +212,7 @@ class WeightReceiver:
             raise WeightTransportError(f"no weight update group {req.group_name!r}; call /init_weights_update_group")
         tensors = [torch.empty(tuple(shape), dtype=parse_dtype(dt))
                    for dt, shape in zip(req.dtypes, req.shapes, strict=True)]
-        broadcast(entry.group, tensors, root=0)
+        broadcast(entry, tensors, root=0)
         return list(zip(req.names, tensors, strict=True))
 
 
@@ -254,7 +257,7 @@ class WeightBroadcaster:
         self.backend = backend
         self.timeout_s = timeout_s
         self.world_size = 1 + sum(e.ranks for e in engines)
-        self._group: Any = None
+        self._group: GroupHandle | None = None
         self._clients = [EngineClient(e.base_url, api_key=e.api_key, timeout_s=timeout_s) for e in engines]
 
     async def init(self) -> None:
@@ -315,6 +318,7 @@ class WeightBroadcaster:
 
 __all__ = [
     "EngineTarget",
+    "GroupHandle",
     "UpdateWeightsFromTensorRequest",
     "WeightBroadcaster",
     "WeightReceiver",
