@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from relax_gym.core import Env, EpisodeGuard
-from relax_gym.errors import RegistrationError
+from relax_gym.errors import RegistrationError, RelaxGymError
 from relax_gym.types import MODALITIES
 
 ENV_ID_RE = re.compile(
@@ -110,8 +110,10 @@ class EnvSpec:
         merged = {**self.kwargs, **kwargs}
         try:
             env = factory(**merged)
-        except TypeError as exc:
-            raise RegistrationError(f"{self.id}: bad keyword arguments {sorted(merged)}: {exc}") from exc
+        except RelaxGymError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise RegistrationError(f"{self.id}: cannot build with arguments {merged}: {exc}") from exc
         if not isinstance(env, Env):
             raise RegistrationError(
                 f"{self.id}: entry point returned {type(env).__name__}, which is not a relax_gym.Env"

@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         if obs.tools and not quiet:
             print("tools: " + ", ".join(t.name for t in obs.tools))
         show(obs.messages)
-        rng = np.random.default_rng(args.seed)
+        # a stream independent of the env's own (seeded with the same number)
+        rng = np.random.default_rng([args.seed, 1])
         oracle_actions: Iterator[Action | str] | None = iter(env.oracle()) if args.agent == "oracle" else None
         human = _human_policy() if args.agent == "human" else None
         total, turns, success, info = 0.0, 0, False, {}
