@@ -8,7 +8,9 @@ Run through ``bench/gpu_megatron.sh`` (torchrun). Per model it:
 3. compares per-token logprobs and entropy with the HF model on the same GPU, in float32 with
    TF32 off (the figure to look at is the max abs difference);
 4. streams the Megatron weights back as HF tensors in buckets, checks they are bit-identical
-   to the checkpoint, and times it; writes an HF folder and reloads it with transformers.
+   to the checkpoint, and times it; writes an HF folder and reloads it with transformers;
+5. (Qwen3) runs ``--train-steps`` GRPO steps through ``MegatronBackend`` (packed micro-batches,
+   Megatron DDP/optimizer/schedule) and reports step time, tokens/s and the losses.
 
 It prints one JSON line per model with the figures. ``--dry-run-cpu`` runs the same script
 with a tiny config on CPU through the debug-only shim (trainer/megatron/cpu_debug.py); it exists
@@ -300,6 +302,54 @@ def run_model(
     return figures
 
 
+def run_training(args: argparse.Namespace) -> dict[str, Any]:
+    """GRPO steps through MegatronBackend on the Qwen3 checkpoint saved by ``run_model``."""
+    from relax_gym.trainer.algorithms import AlgorithmConfig
+    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, SequenceBatch
+    from relax_gym.trainer.megatron.backend import MegatronBackend
+
+    backend = MegatronBackend(
+        Path(args.workdir) / "qwen3" / "hf",
+        megatron={"tensor_parallel_size": args.tp, "params_dtype": args.train_dtype},
+        micro_batch_size=args.train_micro_batch,
+        optimizer=OptimizerSettings(lr=1e-5),
+    )
+    gen = torch.Generator().manual_seed(2)
+    n_seq, vocab = args.train_seqs, backend.dims.vocab_size
+    lengths = torch.randint(args.seq_len // 2, args.seq_len + 1, (n_seq,), generator=gen).tolist()
+    ids = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+    masks = [[0] * (n // 4) + [1] * (n - n // 4) for n in lengths]
+    advantages = [torch.full((n,), 1.0 if i % 2 else -1.0) for i, n in enumerate(lengths)]
+    batch = SequenceBatch(input_ids=ids, loss_mask=masks, advantages=advantages)
+    t0 = _now()
+    batch.old_logprobs = backend.compute_logprobs(batch).logprobs
+    logprob_s = _now() - t0
+    objective = PolicyObjective(AlgorithmConfig())
+    losses, times = [], []
+    for _ in range(args.train_steps):
+        t0 = _now()
+        losses.append(backend.train_step(batch, objective)["loss"])
+        times.append(_now() - t0)
+    tokens = sum(lengths)
+    steady = sorted(times[1:] or times)[len(times[1:] or times) // 2]
+    figures = {
+        "model": "qwen3-train",
+        "tp": args.tp,
+        "dtype": args.train_dtype,
+        "seqs": n_seq,
+        "tokens": tokens,
+        "micro_batch": args.train_micro_batch,
+        "logprob_pass_s": round(logprob_s, 3),
+        "train_step_s_median": round(steady, 3),
+        "train_tokens_per_s": round(tokens / steady, 1),
+        "losses": [round(x, 6) for x in losses],
+        "pass": bool(losses[-1] < losses[0]),
+    }
+    if torch.cuda.is_available():
+        figures["peak_gpu_mem_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, default=int(os.environ.get("WORLD_SIZE", "1")))
@@ -308,6 +358,10 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--train-steps", type=int, default=4, help="GRPO steps (0: skip)")
+    parser.add_argument("--train-seqs", type=int, default=16)
+    parser.add_argument("--train-micro-batch", type=int, default=4)
+    parser.add_argument("--train-dtype", default="bfloat16", choices=["float32", "bfloat16"])
     parser.add_argument(
         "--tol",
         type=float,
@@ -327,6 +381,7 @@ def main() -> None:
 
         shapes = {"qwen3": TINY_QWEN3, "qwen3vl": TINY_QWEN3VL}
         args.seq_len, args.batch = min(args.seq_len, 24), min(args.batch, 2)
+        args.train_seqs = min(args.train_seqs, 6)
         dist.init_process_group("gloo")
         device = torch.device("cpu")
         shim: Any = megatron_on_cpu()
@@ -363,6 +418,13 @@ def main() -> None:
             figures["pass"] = bool(ok)
             if not ok:
                 failed.append(kind)
+            if dist.get_rank() == 0:
+                print(json.dumps(figures), flush=True)
+        if args.train_steps > 0 and "qwen3" in args.models.split(","):
+            destroy_model_parallel()  # the backend sets up its own groups
+            figures = run_training(args)
+            if not figures["pass"]:
+                failed.append("qwen3-train")
             if dist.get_rank() == 0:
                 print(json.dumps(figures), flush=True)
         destroy_model_parallel()

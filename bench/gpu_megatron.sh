@@ -7,7 +7,7 @@
 #   bash bench/gpu_megatron.sh --dry-run-cpu   # no GPU: check the script itself (tiny, CPU shim)
 #
 # Prints one JSON line per model (max |logprob diff|, load/forward/export times, export GB/s,
-# peak memory). Needs torch with CUDA, megatron-core and transformers in the active env.
+# peak memory) and one for GRPO training steps through MegatronBackend (step time, tokens/s). Needs torch with CUDA, megatron-core and transformers in the active env.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
