@@ -42,8 +42,8 @@ from relax_gym.core import Env, StepResult, Wrapper
 from relax_gym.types import Action, AudioPart, ContentPart, ImagePart, Message, Observation, TextPart, ToolCall, VideoPart
 
 from .answer_tools import ANSWER_TOOL_NAMES
-from .declaration import Tool, ToolContext, ToolRegistry, ToolResult, as_tool
-from .parsers import ParseError, ToolCallParser, call_id, get_parser
+from .declaration import Tool, ToolContext, ToolRegistry, ToolResult, as_tool, run_sync
+from .parsers import ParseError, ToolCallParser, call_id, get_parser, limit_calls
 
 _ID_PREFIX = re.compile(r"^(call_\d+_\d+): (.*)$", re.DOTALL)
 
@@ -135,9 +135,13 @@ class ToolEnv(Wrapper):
         return inner if "tools" in inner else inner + ("tools",)
 
     @property
+    def _penalty_cap(self) -> int:
+        return max(1, self.max_tool_calls)
+
+    @property
     def reward_range(self) -> tuple[float, float]:  # type: ignore[override]
         lo, hi = self.env.reward_range
-        return (min(0.0, lo) - self.error_penalty * max(1, self.max_tool_calls), max(0.0, hi))
+        return (min(0.0, lo) - self.error_penalty * self._penalty_cap, max(0.0, hi))
 
     # -- registry --------------------------------------------------------------------------------
     def _env_tools(self) -> list[Tool]:
@@ -195,9 +199,7 @@ class ToolEnv(Wrapper):
                 m = _ID_PREFIX.match(err)
                 items.append(ParseError(m.group(2), m.group(1)) if m else ParseError(err))
             if self.max_calls_per_turn is not None and len(items) > self.max_calls_per_turn:
-                from .parsers import _limit
-
-                items = _limit(items, self.max_calls_per_turn)
+                items = limit_calls(items, self.max_calls_per_turn)
             return action, items
         act = Action.coerce(action)
         result = self.parser.parse_detailed(
@@ -267,7 +269,7 @@ class ToolEnv(Wrapper):
 
     def step(self, action: Action | str) -> StepResult:
         plan = self._plan(action)
-        results = _run_sync(self._execute(plan)) if plan.run else {}
+        results = run_sync(self._execute(plan)) if plan.run else {}
         answer, force_end = self._answer_action(plan, results)
         inner = self.env.step(answer) if answer is not None else None
         return self._finish(plan, results, inner, force_end)
@@ -342,7 +344,8 @@ class ToolEnv(Wrapper):
             stats["tool_turns"] += 1
         spent = self._calls_used >= self.max_tool_calls
         stats["budget_left"] = max(0, self.max_tool_calls - self._calls_used)
-        penalty = -(self.error_penalty * errors) if errors and self.error_penalty else 0.0
+        # capped per step, so that reward_range holds however many junk calls one turn holds
+        penalty = -(self.error_penalty * min(errors, self._penalty_cap)) if errors and self.error_penalty else 0.0
         timing_info = {"tools_s": sum(timing.values()), "per_call_s": timing} if timing else {}
 
         if inner is None:
@@ -490,12 +493,6 @@ class ToolEnv(Wrapper):
 
 def _append_text(msg: Message, note: str) -> Message:
     return Message(msg.role, [*msg.content, TextPart("\n" + note)], tool_call_id=msg.tool_call_id, name=msg.name)
-
-
-def _run_sync(coro: Any) -> Any:
-    from .declaration import run_sync
-
-    return run_sync(coro)
 
 
 __all__ = ["ToolEnv"]

@@ -113,7 +113,8 @@ def _scan_blocks(body: str) -> list[tuple[str | None, str | None]]:
     return out
 
 
-def _limit(items: list[ToolCall | ParseError], max_calls: int | None) -> list[ToolCall | ParseError]:
+def limit_calls(items: list[ToolCall | ParseError], max_calls: int | None) -> list[ToolCall | ParseError]:
+    """Keep the first ``max_calls`` attempts; the rest become "too many calls" errors."""
     if max_calls is None or len(items) <= max_calls:
         return items
     out = items[:max_calls]
@@ -200,7 +201,7 @@ class ToolCallParser:
             result = self._parse(output, turn=turn, tools=tools)
         except Exception as exc:  # a parser bug must not end an episode
             return ParseResult(text, [ParseError(f"could not parse the output ({type(exc).__name__}: {exc})")])
-        result.items = _limit(result.items, max_calls)
+        result.items = limit_calls(result.items, max_calls)
         return result
 
     def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
@@ -507,6 +508,7 @@ __all__ = [
     "call_id",
     "convert_parameter",
     "get_parser",
+    "limit_calls",
     "list_parsers",
     "register_parser",
     "strip_thinking",

@@ -259,3 +259,23 @@ def test_supervisor_dying_mid_call_is_reported(pool: SandboxPool) -> None:
     finally:
         worker.close()
     assert wait_until_gone() == []
+
+
+def test_a_forked_child_gets_its_own_pool(pool: SandboxPool) -> None:
+    """multiprocessing may fork a process that holds a started pool: the child must not use
+    the parent's zygote and sockets, and the parent's pool must keep working."""
+    assert pool.run("print('parent')").stdout == "parent\n"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        try:
+            r = pool.run("print('child')")
+            os.write(write_end, r.stdout.encode() or b"-")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    got = os.read(read_end, 100)
+    os.close(read_end)
+    os.waitpid(child, 0)
+    assert got == b"child\n"
+    assert pool.run("print('parent again')").stdout == "parent again\n"

@@ -422,3 +422,10 @@ def test_image_part_is_a_pil_image() -> None:
     env = gallery()
     obs, _ = env.reset(seed=0)
     assert isinstance(obs.parts(ImagePart)[0].image, Image.Image)
+
+
+def test_penalty_is_capped_to_the_declared_range() -> None:
+    env = gallery(error_penalty=0.1, max_tool_calls=2)
+    env.reset(seed=0)
+    _, reward, *_ = env.step("<tool_call>{bad</tool_call>" * 10)
+    assert reward == pytest.approx(-0.2) and env.reward_range[0] == pytest.approx(-0.2)

@@ -184,6 +184,7 @@ class SandboxPool:
         self._caps: dict[str, bool] = {}
         self._finalizer: Any = None
         self._closed = False
+        self._owner_pid = os.getpid()
         self.restarts = 0
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -200,9 +201,25 @@ class SandboxPool:
             self._ensure_started()
         return self
 
+    def _forget_after_fork(self) -> None:
+        """In a forked child the zygote, its sockets and the claimed workers belong to the
+        parent: drop our copies without touching the parent's processes, start afresh."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        for worker in self._ready:
+            worker.sock.close()
+        self._ready.clear()
+        if self._ctl is not None:
+            self._ctl.close()
+        self._ctl, self._proc, self._finalizer = None, None, None
+        self._lock = threading.Lock()
+        self._owner_pid = os.getpid()
+
     def _ensure_started(self) -> None:
         if self._closed:
             raise SandboxError("this SandboxPool is closed")
+        if self._owner_pid != os.getpid():
+            self._forget_after_fork()
         if self._proc is not None and self._proc.poll() is None and self._ctl is not None:
             return
         if self._proc is not None:
@@ -312,6 +329,8 @@ class SandboxPool:
 
     def _claim(self, timeout_s: float = 30.0) -> _Worker:
         deadline = time.monotonic() + timeout_s
+        if self._owner_pid != os.getpid():
+            self._forget_after_fork()  # before the lock: a parent's thread may have held it
         with self._lock:
             self._ensure_started()
             self._collect(0.0)
