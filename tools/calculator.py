@@ -90,9 +90,14 @@ def _check_size(value: Number) -> Number:
 def _power(a: Number, b: Number) -> Number:
     if abs(b) > MAX_EXPONENT:
         raise ToolError(f"exponent too large (limit {MAX_EXPONENT})")
-    if isinstance(a, int) and isinstance(b, int) and b >= 0:
-        if a not in (0, 1, -1) and abs(a).bit_length() * b > MAX_INT_BITS:
-            raise ToolError(f"result too large (more than {MAX_INT_BITS} bits)")
+    if (
+        isinstance(a, int)
+        and isinstance(b, int)
+        and b >= 0
+        and a not in (0, 1, -1)
+        and abs(a).bit_length() * b > MAX_INT_BITS
+    ):
+        raise ToolError(f"result too large (more than {MAX_INT_BITS} bits)")
     result = a**b
     if isinstance(result, complex):
         raise ToolError("the result is not a real number")

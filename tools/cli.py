@@ -110,8 +110,9 @@ def _load_docs(path: str) -> list[Any]:
 
 
 def _context(args: argparse.Namespace) -> Any:
-    from relax_gym.media import load_image
     from relax_gym.tools import ToolContext
+
+    from relax_gym.media import load_image
 
     ctx = ToolContext()
     for spec in args.image:

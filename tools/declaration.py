@@ -47,9 +47,22 @@ import numpy as np
 from PIL import Image
 from pydantic import BaseModel, ValidationError
 
-from relax_gym.types import AudioPart, ContentPart, ImagePart, TextPart, ToolSpec, VideoPart
+from relax_gym.types import (
+    AudioPart,
+    ContentPart,
+    ImagePart,
+    TextPart,
+    ToolSpec,
+    VideoPart,
+)
 
-from .schema import _FIELD_PREFIX, build_arguments_model, format_validation_error, parameters_schema, resolve_hints
+from .schema import (
+    _FIELD_PREFIX,
+    build_arguments_model,
+    format_validation_error,
+    parameters_schema,
+    resolve_hints,
+)
 
 T = TypeVar("T")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -342,7 +355,14 @@ def run_sync(coro: Awaitable[T]) -> T:
 
 
 @typing.overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
+def tool(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    modalities: Iterable[str] | None = None,
+) -> Tool: ...
 @typing.overload
 def tool(
     *, name: str | None = None, description: str | None = None, modalities: Iterable[str] | None = None

@@ -39,7 +39,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_gym.core import Env, StepResult, Wrapper
-from relax_gym.types import Action, AudioPart, ContentPart, ImagePart, Message, Observation, TextPart, ToolCall, VideoPart
+from relax_gym.types import (
+    Action,
+    AudioPart,
+    ContentPart,
+    ImagePart,
+    Message,
+    Observation,
+    TextPart,
+    ToolCall,
+    VideoPart,
+)
 
 from .answer_tools import ANSWER_TOOL_NAMES
 from .declaration import Tool, ToolContext, ToolRegistry, ToolResult, as_tool, run_sync
@@ -97,6 +107,7 @@ class ToolEnv(Wrapper):
         label_images: bool | None = None,
     ) -> None:
         super().__init__(env)
+        self._inner: Env = env  # self.env, typed as the relax_gym Env it is
         if max_tool_calls < 0:
             raise ValueError(f"max_tool_calls must be >= 0, got {max_tool_calls}")
         if max_result_chars < 100:
@@ -121,17 +132,17 @@ class ToolEnv(Wrapper):
     # -- declared properties ---------------------------------------------------------------------
     @property
     def max_turns(self) -> int:  # type: ignore[override]
-        return int(self.env.max_turns) + self.max_tool_calls + 1
+        return int(self._inner.max_turns) + self.max_tool_calls + 1
 
     @property
     def modalities(self) -> tuple[str, ...]:  # type: ignore[override]
         extra = {m for t in self.registry for m in t.output_modalities}
-        inner = tuple(self.env.modalities)
+        inner = tuple(self._inner.modalities)
         return inner + tuple(sorted(extra - set(inner)))
 
     @property
     def tags(self) -> tuple[str, ...]:  # type: ignore[override]
-        inner = tuple(self.env.tags)
+        inner = tuple(self._inner.tags)
         return inner if "tools" in inner else inner + ("tools",)
 
     @property
@@ -140,12 +151,12 @@ class ToolEnv(Wrapper):
 
     @property
     def reward_range(self) -> tuple[float, float]:  # type: ignore[override]
-        lo, hi = self.env.reward_range
+        lo, hi = self._inner.reward_range
         return (min(0.0, lo) - self.error_penalty * self._penalty_cap, max(0.0, hi))
 
     # -- registry --------------------------------------------------------------------------------
     def _env_tools(self) -> list[Tool]:
-        provider = getattr(self.env.unwrapped, "tools", None)
+        provider = getattr(self._inner.unwrapped, "tools", None)
         if provider is None or not callable(provider):
             return []
         return [as_tool(t) for t in provider()]
@@ -176,9 +187,9 @@ class ToolEnv(Wrapper):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
         self._ctx.close()
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = self._inner.reset(seed=seed, options=options)
         self.registry = self._build_registry()  # env tools may bind to the new episode
-        self._ctx = ToolContext(env=self.env.unwrapped)
+        self._ctx = ToolContext(env=self._inner.unwrapped)
         self._reset_episode_state()
         obs = self._adopt(obs, tools=True)
         info = dict(info)
@@ -244,7 +255,7 @@ class ToolEnv(Wrapper):
                 result = await asyncio.wait_for(tool.ainvoke(call.arguments, ctx), self.tool_timeout_s)
             else:
                 result = await tool.ainvoke(call.arguments, ctx)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             result = ToolResult.error(f"tool '{call.name}' did not finish within {self.tool_timeout_s:g} s", "timeout")
         return result, time.perf_counter() - start
 
@@ -271,14 +282,14 @@ class ToolEnv(Wrapper):
         plan = self._plan(action)
         results = run_sync(self._execute(plan)) if plan.run else {}
         answer, force_end = self._answer_action(plan, results)
-        inner = self.env.step(answer) if answer is not None else None
+        inner = self._inner.step(answer) if answer is not None else None
         return self._finish(plan, results, inner, force_end)
 
     async def astep(self, action: Action | str) -> StepResult:
         plan = self._plan(action)
         results = await self._execute(plan) if plan.run else {}
         answer, force_end = self._answer_action(plan, results)
-        inner = await self.env.astep(answer) if answer is not None else None
+        inner = await self._inner.astep(answer) if answer is not None else None
         return self._finish(plan, results, inner, force_end)
 
     # -- results -> observation ------------------------------------------------------------------
@@ -368,7 +379,7 @@ class ToolEnv(Wrapper):
         if force_end:
             stats["finished"] = True
             terminated = terminated or not truncated
-        if not (terminated or truncated) and self._answer_turns >= int(self.env.max_turns):
+        if not (terminated or truncated) and self._answer_turns >= int(self._inner.max_turns):
             truncated = True
             info.setdefault("truncation", "max_turns")
         adopted = self._adopt(inner_obs, tools=not (terminated or truncated))

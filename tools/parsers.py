@@ -344,10 +344,8 @@ class Qwen3CoderParser(ToolCallParser):
             if pname in args:
                 return ParseError(f"tool call '{name}': parameter '{pname}' is given twice", cid)
             raw = inner[pm.end() : close]
-            if raw.startswith("\n"):
-                raw = raw[1:]
-            if raw.endswith("\n"):
-                raw = raw[:-1]
+            raw = raw.removeprefix("\n")
+            raw = raw.removesuffix("\n")
             args[pname] = convert_parameter(raw, props.get(pname))
         return ToolCall(name, args, cid)
 

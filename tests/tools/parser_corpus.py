@@ -105,33 +105,34 @@ HERMES_CASES: list[Case] = [
     ("stray_close", 'oops</tool_call> <tool_call>{"name": "a", "arguments": {}}</tool_call>', [("a", {})],
      ["stray </tool_call>"]),
     ("good_then_bad_then_good",
-     '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {</tool_call>'
-     '<tool_call>{"name": "c", "arguments": {}}</tool_call>',
+     ('<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": {</tool_call>'
+      '<tool_call>{"name": "c", "arguments": {}}</tool_call>'),
      [("a", {}), ("c", {})], ["malformed JSON"]),
     ("extra_data_after_object", '<tool_call>{"name": "a", "arguments": {}} {"name": "b"}</tool_call>', [], [["malformed JSON", "Extra data"]]),
 ]
 
 QWEN3_CODER_CASES: list[Case] = [
     ("two_params_typed_by_schema",
-     "<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n"
-     "</parameter>\n</function>\n</tool_call>",
+     ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n"
+      "</parameter>\n</function>\n</tool_call>"),
      [("get_weather", {"city": "San Francisco", "days": 3})], []),
     ("multiline_code_kept_verbatim",
-     "<think>I'll run code.</think>\n<tool_call>\n<function=python>\n<parameter=code>\nfor i in range(3):\n"
-     "    print(i)\n\n</parameter>\n</function>\n</tool_call>",
+     ("<think>I'll run code.</think>\n<tool_call>\n<function=python>\n<parameter=code>\nfor i in range(3):\n"
+      "    print(i)\n\n</parameter>\n</function>\n</tool_call>"),
      [("python", {"code": "for i in range(3):\n    print(i)\n"})], []),
     ("numeric_string_stays_string_by_schema",
      "<tool_call><function=get_weather><parameter=city>1984</parameter></function></tool_call>",
      [("get_weather", {"city": "1984"})], []),
     ("array_bool_number_and_null",
-     "<tool_call>\n<function=zoom>\n<parameter=image_id>\nimg_2\n</parameter>\n<parameter=bbox>\n[0, 0, 5, 5]\n"
-     "</parameter>\n<parameter=factor>\n2.5\n</parameter>\n</function>\n</tool_call>\n"
-     "<tool_call>\n<function=configure>\n<parameter=verbose>\nTrue\n</parameter>\n<parameter=limit>\nnull\n"
-     "</parameter>\n<parameter=options>\n{'a': 1}\n</parameter>\n</function>\n</tool_call>",
+     ("<tool_call>\n<function=zoom>\n<parameter=image_id>\nimg_2\n</parameter>\n<parameter=bbox>\n[0, 0, 5, 5]\n"
+      "</parameter>\n<parameter=factor>\n2.5\n</parameter>\n</function>\n</tool_call>\n"
+      "<tool_call>\n<function=configure>\n<parameter=verbose>\nTrue\n</parameter>\n<parameter=limit>\nnull\n"
+      "</parameter>\n<parameter=options>\n{'a': 1}\n</parameter>\n</function>\n</tool_call>"),
      [("zoom", {"image_id": "img_2", "bbox": [0, 0, 5, 5], "factor": 2.5}),
       ("configure", {"verbose": True, "limit": None, "options": {"a": 1}})], []),
-    ("no_schema_guesses_json", "<tool_call><function=unknown_tool><parameter=n>7</parameter><parameter=s>hi</parameter>"
-     "</function></tool_call>", [("unknown_tool", {"n": 7, "s": "hi"})], []),
+    ("no_schema_guesses_json",
+     "<tool_call><function=unknown_tool><parameter=n>7</parameter><parameter=s>hi</parameter></function></tool_call>",
+     [("unknown_tool", {"n": 7, "s": "hi"})], []),
     ("no_parameters", "<tool_call>\n<function=finish>\n</function>\n</tool_call>", [("finish", {})], []),
     # ---- malformed ----------------------------------------------------------------------------
     ("missing_function_tag", "<tool_call>{\"name\": \"a\"}</tool_call>", [], ["expected <function=NAME>"]),

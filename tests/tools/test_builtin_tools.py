@@ -8,9 +8,21 @@ from types import SimpleNamespace
 
 import pytest
 from PIL import Image
-
-from relax_gym.tools import BM25Index, Document, ToolContext, builtin_tools, calculator, crop, finish, rotate, search, submit_answer, zoom
+from relax_gym.tools import (
+    BM25Index,
+    Document,
+    ToolContext,
+    builtin_tools,
+    calculator,
+    crop,
+    finish,
+    rotate,
+    search,
+    submit_answer,
+    zoom,
+)
 from relax_gym.tools.calculator import evaluate
+
 from relax_gym.types import ImagePart
 
 

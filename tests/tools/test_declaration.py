@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 from pydantic import BaseModel, Field
+from relax_gym.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult, tool
 from typing_extensions import TypedDict
 
-from relax_gym.tools import Tool, ToolContext, ToolError, ToolRegistry, ToolResult, tool
 from relax_gym.types import AudioPart, ImagePart, TextPart, ToolSpec
 
 
@@ -71,7 +71,7 @@ class Span:
             {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2, "maxItems": 2},
         ),
         (dict[str, float], {"type": "object", "additionalProperties": {"type": "number"}}),
-        (Optional[int], {"type": ["integer", "null"]}),
+        (Optional[int], {"type": ["integer", "null"]}),  # noqa: UP045 - the spelling under test
         (int | None, {"type": ["integer", "null"]}),
         (int | str, {"anyOf": [{"type": "integer"}, {"type": "string"}]}),
         (Annotated[int, Field(ge=1, le=5)], {"type": "integer", "minimum": 1, "maximum": 5}),

@@ -6,8 +6,8 @@ import random
 from typing import Any
 
 import pytest
-
 from relax_gym.tools import Tool, get_parser, list_parsers, strip_thinking, tool
+
 from relax_gym.types import Action, ToolCall
 
 from .parser_corpus import HERMES_CASES, QWEN3_CODER_CASES, Case

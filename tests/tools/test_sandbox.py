@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-
 from relax_gym.tools import ExecResult, SandboxLimits, SandboxPool, run_python
 
 from .sandbox_helpers import wait_until_gone

@@ -16,7 +16,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-
 from relax_gym.tools import ExecResult, SandboxPool
 
 from .sandbox_helpers import wait_until_gone
@@ -195,7 +194,7 @@ def tcp_server() -> Iterator[tuple[int, list[bytes]]]:
         while not stop.is_set():
             try:
                 conn, _ = srv.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             with conn:
                 conn.settimeout(1.0)

@@ -10,9 +10,6 @@ from typing import Any
 
 import pytest
 from PIL import Image
-
-import relax_gym
-from relax_gym import EpisodeGuard, check_env
 from relax_gym.tools import (
     SandboxPool,
     ToolContext,
@@ -27,6 +24,9 @@ from relax_gym.tools import (
     tool,
     zoom,
 )
+
+import relax_gym
+from relax_gym import EpisodeGuard, check_env
 from relax_gym.types import Action, ImagePart, Message, Observation, TextPart, ToolCall
 
 from .toy_envs import CounterEnv, GalleryEnv, count_dark_blobs
@@ -150,7 +150,7 @@ def test_preparsed_actions_are_used_as_they_are() -> None:
         tool_calls=[ToolCall("calculator", {"expression": "6*7"})],  # no id: one is assigned
         parse_errors=["call_0_1: malformed JSON in arguments"],
     )
-    obs, *_ , info = env.step(action)
+    obs, *_ = env.step(action)
     assert [(m.tool_call_id, m.text) for m in obs.messages] == [
         ("call_0_0", "42"),
         ("call_0_1", "Error: could not parse your tool call: malformed JSON in arguments"),
@@ -225,7 +225,7 @@ def test_env_provided_tools_and_submit_answer() -> None:
     assert [t.name for t in obs.tools] == ["submit_answer", "reveal"]
     obs, *_ = env.step(Action(tool_calls=[ToolCall("reveal", {})]))
     assert obs.messages[0].text == str(inner.secret) and inner.reveals == 1
-    obs, reward, terminated, truncated, info = env.step(Action(tool_calls=[ToolCall("submit_answer", {"answer": inner.secret})]))
+    obs, reward, terminated, _, info = env.step(Action(tool_calls=[ToolCall("submit_answer", {"answer": inner.secret})]))
     assert terminated and reward == 1.0 and info["success"]
     assert obs.messages[0].text == "answer submitted" and obs.messages[0].tool_call_id == "call_1_0"
 
@@ -401,7 +401,7 @@ async def test_astep_matches_step() -> None:
     obs, _ = await async_env.areset(seed=3)
     async_obs = [obs]
     for action in async_env.oracle():
-        obs, reward, terminated, truncated, info = await async_env.astep(action)
+        obs, reward, terminated, _, info = await async_env.astep(action)
         async_obs.append(obs)
         if terminated:
             break

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
+from relax_gym.tools import HermesParser, Tool, ToolContext, tool
 
 from relax_gym.core import Env
-from relax_gym.tools import HermesParser, Tool, ToolContext, tool
 from relax_gym.types import Action, ImagePart, Message, Observation, ToolCall
 
 COLORS = ("red", "green", "blue", "amber", "violet", "teal")

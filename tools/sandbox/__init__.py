@@ -4,7 +4,14 @@ See docs/tools.md for what is enforced where (namespaces, rlimits, per-call uid,
 """
 
 from .limits import ExecResult, SandboxLimits
-from .pool import PythonSession, SandboxError, SandboxPool, configure_default_pool, default_pool, run_python
+from .pool import (
+    PythonSession,
+    SandboxError,
+    SandboxPool,
+    configure_default_pool,
+    default_pool,
+    run_python,
+)
 
 __all__ = [
     "ExecResult",

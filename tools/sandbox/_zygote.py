@@ -126,7 +126,7 @@ def unshare(flags: int) -> None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    enc = lambda s: None if s is None else s.encode()
     rc = _c().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data))
     _check(rc, f"mount {target}")
 
@@ -371,7 +371,7 @@ def _setup_executor(caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> str
 
 def _apply_limits(req: dict[str, Any], uid: int | None, session_cpu_s: int | None) -> None:
     lim = req["limits"]
-    cpu = int(math.ceil(lim["cpu_s"]))
+    cpu = math.ceil(lim["cpu_s"])
     hard_cpu = session_cpu_s if session_cpu_s is not None else cpu + 1
     resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard_cpu), hard_cpu))
     mem = int(lim["memory_mb"]) * 1024 * 1024
@@ -410,7 +410,7 @@ def _set_call_cpu(timeout_s: float) -> None:
     used = resource.getrusage(resource.RUSAGE_SELF)
     spent = used.ru_utime + used.ru_stime
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    want = int(math.ceil(spent + timeout_s)) + 1
+    want = math.ceil(spent + timeout_s) + 1
     # soft < hard, so running out of the session's budget is SIGXCPU (reported as such)
     soft = want if hard == resource.RLIM_INFINITY else max(1, min(want, hard - 1))
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
@@ -493,7 +493,7 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+        sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
         _warm_up()
         _write_fd_message(_FD_STATUS, {"type": "setup", "workdir": workdir})
     except BaseException as exc:

@@ -27,7 +27,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from . import _zygote
 from .limits import ExecResult, SandboxLimits
@@ -196,7 +196,7 @@ class SandboxPool:
             self._ensure_started()
             return dict(self._caps)
 
-    def start(self) -> SandboxPool:
+    def start(self) -> Self:
         with self._lock:
             self._ensure_started()
         return self
@@ -287,7 +287,7 @@ class SandboxPool:
             self._closed = True
             self._teardown()
 
-    def __enter__(self) -> SandboxPool:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -392,7 +392,7 @@ def _decode(data: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-_SIGNAL_REASONS = {
+_SIGNAL_REASONS: dict[int, str] = {
     signal.SIGXCPU: "cpu_time_limit",
     signal.SIGXFSZ: "file_size_limit",
     signal.SIGSEGV: "crashed (SIGSEGV)",
@@ -601,7 +601,7 @@ class PythonSession:
             if self._ended is None:
                 self._end("closed")
 
-    def __enter__(self) -> PythonSession:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
