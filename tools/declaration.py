@@ -306,7 +306,7 @@ class Tool:
             if self.is_async:
                 value = await self.fn(**kwargs)
             else:
-                value = await asyncio.to_thread(self.fn, **kwargs)
+                value = await _in_daemon_thread(self.fn, kwargs, self.name)
             return ToolResult.from_value(value)
         except asyncio.CancelledError:
             raise
@@ -329,6 +329,31 @@ class Tool:
             return ToolResult.error(str(exc), "tool_error")
         except Exception as exc:
             return ToolResult.error(f"tool '{self.name}' failed: {type(exc).__name__}: {exc}", "exception")
+
+
+async def _in_daemon_thread(fn: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Any:
+    """Run a sync tool on a daemon thread of its own. Unlike ``asyncio.to_thread``, nothing
+    waits for the thread when the loop shuts down, so a tool that overruns its timeout cannot
+    hold up the step (or the interpreter's exit); it just finishes in the background."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not future.done():
+            (future.set_result if ok else future.set_exception)(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, fn(**kwargs))
+        except BaseException as exc:
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:
+            pass  # the loop is gone: the caller stopped waiting long ago
+
+    threading.Thread(target=target, name=f"tool-{name}", daemon=True).start()
+    return await future
 
 
 def run_sync(coro: Awaitable[T]) -> T:

@@ -429,3 +429,23 @@ def test_penalty_is_capped_to_the_declared_range() -> None:
     env.reset(seed=0)
     _, reward, *_ = env.step("<tool_call>{bad</tool_call>" * 10)
     assert reward == pytest.approx(-0.2) and env.reward_range[0] == pytest.approx(-0.2)
+
+
+def test_a_hung_sync_tool_does_not_hold_up_the_step() -> None:
+    import time
+
+    release = threading.Event()
+
+    @tool
+    def stuck() -> str:
+        """Never come back (until the test lets it)."""
+        release.wait(30)
+        return "late"
+
+    env = EpisodeGuard(ToolEnv(GalleryEnv(), tools=[stuck], tool_timeout_s=0.2))
+    env.reset(seed=0)
+    start = time.monotonic()
+    obs, *_ = env.step(call("stuck"))
+    assert time.monotonic() - start < 5
+    assert texts(obs) == ["Error: tool 'stuck' did not finish within 0.2 s"]
+    release.set()
