@@ -90,7 +90,10 @@ class TorchBackend(TrainerBackend):
         self.model.to(self.device)
         self.model.config.use_cache = False
         if gradient_checkpointing:
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                self.model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.is_vision = hasattr(self.config, "vision_config")
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.video_token_id = getattr(self.config, "video_token_id", None)

@@ -1,0 +1,123 @@
+"""The training config: YAML + dotted overrides, validation before any work, readable errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from relax_gym.cli.main import main
+from relax_gym.trainer.config import (
+    EVAL_SEED_FLOOR,
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    config_from_dict,
+    load_config,
+    parse_override,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"model": {"build": {"kind": "qwen3"}}, "data": {"envs": [{"id": "test/Letters-v0"}]}}
+
+
+def errors_of(overrides: list[str], data: dict | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data or BASE, overrides)
+    return str(info.value)
+
+
+def test_defaults_and_overrides() -> None:
+    cfg = config_from_dict(BASE, ["train.lr=3e-4", "algorithm.policy_loss=gspo", "rollout.group_size=4",
+                                  "eval.every=0", "run_name=abc", "logging.wandb.enabled=false"])
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.train.lr == pytest.approx(3e-4)
+    assert cfg.algorithm.policy_loss == "gspo"
+    assert cfg.rollout.group_size == 4 and cfg.rollout.batch_size == 4 * cfg.rollout.prompts_per_step
+    assert cfg.out_dir == Path("runs/abc")
+    # paper defaults come from the algorithm module
+    assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (0.2, 0.28)
+
+
+def test_parse_override_values() -> None:
+    assert parse_override("a.b=1e-3") == (["a", "b"], 1e-3)
+    assert parse_override("a=[1, 2]") == (["a"], [1, 2])
+    assert parse_override("a.b=null") == (["a", "b"], None)
+    assert parse_override("a.b=hello world") == (["a", "b"], "hello world")
+    for bad in ("noequals", "=3", "a..b=1", "a.b=[unclosed"):
+        with pytest.raises(ConfigError):
+            parse_override(bad)
+
+
+def test_override_into_a_value_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="is a value"):
+        apply_overrides({"train": {"lr": 1.0}}, ["train.lr.x=3"])
+
+
+def test_bad_literal_names_field_and_allowed_values() -> None:
+    msg = errors_of(["algorithm.policy_loss=ppx"])
+    assert "algorithm.policy_loss" in msg and "'gspo'" in msg and "'ppx'" in msg
+
+
+def test_unknown_field_suggests_the_closest() -> None:
+    msg = errors_of(["train.lrr=0.1"])
+    assert "train.lrr" in msg and "did you mean 'lr'" in msg
+
+
+def test_cross_field_rules() -> None:
+    assert "group_size >= 2" in errors_of(["rollout.group_size=1"])
+    assert "mini_batches" in errors_of(["train.mini_batches=64"])
+    assert "exactly one of model.path" in errors_of([], {"model": {}, "data": BASE["data"]})
+    assert "data.envs" in errors_of([], {"model": BASE["model"], "data": {}})
+    assert "teacher.url" in errors_of(["algorithm.distill_coef=0.5"])
+    assert "dual_clip" in errors_of(["algorithm.dual_clip=1.1"])
+
+
+def test_unknown_reward_is_rejected_up_front() -> None:
+    msg = errors_of(["rewards.entries=[{name: no_such_reward}]"])
+    assert "no_such_reward" in msg and "registered" in msg
+
+
+def test_eval_seeds_are_held_out() -> None:
+    assert "held-out" in errors_of(["data.seed_start=999999999", "data.seed_count=10"])
+    msg = errors_of([f"eval.seed_start={EVAL_SEED_FLOOR - 1}"])
+    assert "eval.seed_start" in msg
+
+
+def test_several_problems_are_all_reported() -> None:
+    msg = errors_of(["model.dtype=fp16", "train.steps=-1"])
+    assert "model.dtype" in msg and "train.steps" in msg
+
+
+@pytest.mark.parametrize("name", ["quickstart.yaml", "qwen3vl_tooluse_grpo.yaml"])
+def test_shipped_examples_validate(name: str) -> None:
+    cfg = load_config(ROOT / "examples" / name)
+    assert cfg.train.steps > 0
+
+
+def test_cli_bad_config_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("model: {build: {kind: qwen3}}\ndata: {envs: [{id: test/Letters-v0}]}\n"
+                    "algorithm: {policy_loss: grpo_typo}\n", encoding="utf-8")
+    start = time.perf_counter()
+    code = main(["train", str(path), "train.steps=3"])
+    assert code == 2
+    assert time.perf_counter() - start < 5.0  # nothing was built or started
+    err = capsys.readouterr().err
+    assert "algorithm.policy_loss" in err and "'cispo'" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cli_missing_file_and_not_a_mapping(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(tmp_path / "nope.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+    (tmp_path / "list.yaml").write_text("- a\n- b\n", encoding="utf-8")
+    assert main(["train", str(tmp_path / "list.yaml")]) == 2
+    assert "mapping" in capsys.readouterr().err
+
+
+def test_cli_print_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", str(ROOT / "examples" / "quickstart.yaml"), "train.steps=7", "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "steps: 7" in out
