@@ -65,7 +65,7 @@ class _Plan:
     turn: int
     text_action: Action
     items: list[ToolCall | ParseError]
-    run: list[ToolCall] = field(default_factory=list)  # calls to execute, in order
+    run: list[int] = field(default_factory=list)  # indices of the calls to execute, in order
     over_budget: set[int] = field(default_factory=set)  # item indices refused for the budget
     consumed: int = 0  # budget units this turn uses (failed answer calls add one later)
     answer_call: ToolCall | None = None  # the submit_answer/finish call, if any
@@ -229,8 +229,9 @@ class ToolEnv(Wrapper):
                 plan.answer_call = item
                 break
         if plan.answer_call is not None:
-            plan.skipped = {i for i, c in enumerate(items) if isinstance(c, ToolCall) and c is not plan.answer_call}
-            plan.run = [plan.answer_call]
+            answer_index = next(i for i, c in enumerate(items) if c is plan.answer_call)
+            plan.skipped = {i for i, c in enumerate(items) if isinstance(c, ToolCall) and i != answer_index}
+            plan.run = [answer_index]
             return plan
         budget = self.max_tool_calls - self._calls_used
         if budget <= 0:
@@ -242,7 +243,7 @@ class ToolEnv(Wrapper):
                 continue
             plan.consumed += 1
             if isinstance(item, ToolCall) and item.name in self.registry:
-                plan.run.append(item)
+                plan.run.append(i)
         return plan
 
     # -- execution -------------------------------------------------------------------------------
@@ -259,22 +260,22 @@ class ToolEnv(Wrapper):
             result = ToolResult.error(f"tool '{call.name}' did not finish within {self.tool_timeout_s:g} s", "timeout")
         return result, time.perf_counter() - start
 
-    async def _execute(self, plan: _Plan) -> dict[str, tuple[ToolResult, float]]:
-        if not plan.run:
-            return {}
-        if self.parallel and len(plan.run) > 1:
-            outs = await asyncio.gather(*(self._run_one(c, plan.turn) for c in plan.run))
+    async def _execute(self, plan: _Plan) -> dict[int, tuple[ToolResult, float]]:
+        """Results by item index (ids may repeat when a server supplies them)."""
+        calls = [(i, c) for i in plan.run if isinstance(c := plan.items[i], ToolCall)]
+        if self.parallel and len(calls) > 1:
+            outs = await asyncio.gather(*(self._run_one(c, plan.turn) for _, c in calls))
         else:
-            outs = [await self._run_one(c, plan.turn) for c in plan.run]
-        return {c.id: out for c, out in zip(plan.run, outs)}
+            outs = [await self._run_one(c, plan.turn) for _, c in calls]
+        return {i: out for (i, _), out in zip(calls, outs)}
 
-    def _answer_action(self, plan: _Plan, results: dict[str, tuple[ToolResult, float]]) -> tuple[Action | None, bool]:
+    def _answer_action(self, plan: _Plan, results: dict[int, tuple[ToolResult, float]]) -> tuple[Action | None, bool]:
         """The action for the inner env (if this turn answers) and whether to force the end."""
         if plan.is_final_text:
             return plan.text_action, False
-        for call in plan.run:
-            res = results.get(call.id, (None, 0.0))[0]
-            if res is not None and res.final_answer is not None and not res.is_error:
+        for index in plan.run:
+            res = results[index][0]
+            if res.final_answer is not None and not res.is_error:
                 return Action(text=res.final_answer), res.end_episode
         return None, False
 
@@ -296,7 +297,7 @@ class ToolEnv(Wrapper):
     def _finish(
         self,
         plan: _Plan,
-        results: dict[str, tuple[ToolResult, float]],
+        results: dict[int, tuple[ToolResult, float]],
         inner: StepResult | None,
         force_end: bool,
     ) -> StepResult:
@@ -333,7 +334,7 @@ class ToolEnv(Wrapper):
                 stats["tool_errors"] += 1
                 messages.append(self._error_message(item.id, item.name, self.registry.unknown_tool_message(item.name)))
             else:
-                result, elapsed = results[item.id]
+                result, elapsed = results[i]
                 timing[item.id] = elapsed
                 stats["tool_calls"] += 1
                 per = stats["per_tool"].setdefault(item.name, {"calls": 0, "errors": 0})

@@ -449,3 +449,11 @@ def test_a_hung_sync_tool_does_not_hold_up_the_step() -> None:
     assert time.monotonic() - start < 5
     assert texts(obs) == ["Error: tool 'stuck' did not finish within 0.2 s"]
     release.set()
+
+
+def test_repeated_server_ids_keep_their_own_results() -> None:
+    env = gallery(parser="openai")
+    env.reset(seed=0)
+    action = Action(tool_calls=[ToolCall("calculator", {"expression": "1+1"}, "dup"), ToolCall("calculator", {"expression": "2+2"}, "dup")])
+    obs, *_ = env.step(action)
+    assert [(m.tool_call_id, m.text) for m in obs.messages] == [("dup", "2"), ("dup", "4")]
