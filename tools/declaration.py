@@ -266,7 +266,7 @@ class Tool:
         self.output_modalities: tuple[str, ...] = tuple(
             sorted(set(modalities) if modalities is not None else _modalities_of(hints.get("return")))
         )
-        functools.update_wrapper(self, fn)  # type: ignore[arg-type]
+        functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"

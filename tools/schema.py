@@ -76,7 +76,7 @@ def _split_annotated_doc(annotation: Any) -> tuple[Any, str | None]:
     docs = [m for m in meta if isinstance(m, str)]
     rest = [m for m in meta if not isinstance(m, str)]
     if rest:
-        base = Annotated[(base, *rest)]  # type: ignore[valid-type]
+        base = Annotated[(base, *rest)]
     return base, (docs[0] if docs else None)
 
 
