@@ -24,18 +24,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import torch
 
 from relax_gym.protocol import EngineClient, EngineError
 from relax_gym.trainer.backend import TrainerBackend
 from relax_gym.trainer.rollout import EngineHandle, EngineRouter, WeightSyncError
-from relax_gym.trainer.weight_sync import SyncResult, WeightSync, WeightSyncFailed
+from relax_gym.trainer.weight_sync import SyncResult, WeightSyncFailed
 
 log = logging.getLogger("relax_gym.trainer.modes")
 
@@ -142,8 +144,7 @@ class WeightPublisher:
         self.bucket_bytes = bucket_bytes
         self.retries = retries
         self.staging_dir = Path(staging_dir)
-        self._engine_sync = WeightSync(backend, router, path="disk" if path == "disk" else "tensor",
-                                       staging_dir=staging_dir, api_key=api_key, bucket_bytes=bucket_bytes)
+        self._folders: list[Path] = []
         self.distributed = distributed
         if path == "distributed" and distributed is None:
             self.distributed = DistributedWeightSync(api_key=api_key, bucket_bytes=bucket_bytes)
@@ -164,7 +165,8 @@ class WeightPublisher:
                 try:
                     result = await self._push_all(version)
                     break
-                except (EngineError, WeightSyncFailed, WeightSyncError, OSError, RuntimeError, TimeoutError) as exc:
+                except (EngineError, WeightSyncFailed, WeightSyncError, httpx.HTTPError, OSError, RuntimeError,
+                        TimeoutError) as exc:
                     attempt += 1
                     self.events["retries"] += 1
                     log.warning("weight push v%d failed (%s); checking engine health and retrying", version, exc)
@@ -182,9 +184,6 @@ class WeightPublisher:
             return metrics
 
     async def _push_all(self, version: int) -> SyncResult:
-        if self.path != "distributed":
-            return await self._engine_sync.push(version)
-        assert self.distributed is not None
         router = self.router
         start = time.perf_counter()
         handles = self._live()
@@ -193,20 +192,51 @@ class WeightPublisher:
         named = list(self.backend.named_weights())
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         async with router.paused_for_update():
-            await self.distributed.push(named, version, [h.url for h in handles])
-            router.weights_path = None
-            router.weight_version = str(version)
-            await asyncio.gather(*(h.client.flush_cache() for h in handles))
+            if self.path == "disk":
+                folder = self.staging_dir / f"v{version:06d}"
+                await asyncio.to_thread(self.backend.save_pretrained, folder)
+                await router.update_weights_from_disk(str(folder), version)  # marks failing engines unhealthy
+                self._remember(folder)
+            else:
+                if self.path == "tensor":
+                    from relax_gym.trainer.engines.weights import push_weights_from_tensor
+
+                    await asyncio.gather(*(push_weights_from_tensor(
+                        h.url, named, weight_version=str(version), api_key=self.api_key,
+                        bucket_bytes=self.bucket_bytes) for h in handles))
+                else:
+                    assert self.distributed is not None
+                    await self.distributed.push(named, version, [h.url for h in handles])
+                # no folder: engines that join later get the kept snapshot (bring_up_to_date)
+                router.weights_path = None
+                router.weight_version = str(version)
+            # The update itself drops cached prefixes (SGLang's flush_cache=True default). An
+            # explicit flush is refused while a request that slipped in before the pause waits
+            # in the engine; that request runs on the new weights, so the refusal is harmless.
+            await asyncio.gather(*(self._flush(h) for h in handles))
         problems = []
-        for h in handles:
+        live = [h for h in handles if h.state in ("ready", "draining")]
+        for h in live:
             info = await h.client.model_info()
             if info.weight_version != str(version):
                 problems.append(f"{h.id} reports {info.weight_version!r}, expected {version}")
             else:
                 h.weight_version = str(version)
-        if problems:
-            raise WeightSyncFailed("; ".join(problems))
-        return SyncResult(version, "distributed", time.perf_counter() - start, nbytes, len(handles))
+        if problems or not live:
+            raise WeightSyncFailed("; ".join(problems) or "every engine failed the update")
+        return SyncResult(version, self.path, time.perf_counter() - start, nbytes, len(live))
+
+    async def _flush(self, handle: EngineHandle) -> None:
+        try:
+            await handle.client.flush_cache()
+        except EngineError as exc:
+            if exc.status != 400:
+                raise
+
+    def _remember(self, folder: Path) -> None:
+        self._folders.append(folder)
+        while len(self._folders) > 2:
+            shutil.rmtree(self._folders.pop(0), ignore_errors=True)
 
     async def bring_up_to_date(self, url: str) -> str | None:
         """Push the published weights to one engine (a joiner or a revived one); returns the

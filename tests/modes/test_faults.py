@@ -1,0 +1,137 @@
+"""Faults during fully_async training (slow: they start extra engines and processes):
+an engine dies, engines join and leave through the control API, the trainer process is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from relax_gym.trainer.modes import modes_config_from_dict
+from relax_gym.trainer.modes.learner import read_ledger
+from relax_gym.trainer.modes.runner import run_async
+
+from .audit import audit_run
+from .conftest import config_dict, start_engine
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_an_engine_killed_during_training_fails_over(tiny_model: Path, engine: Any, tmp_path: Path) -> None:
+    doomed = start_engine(tiny_model, tmp_path, "doomed")
+    out = tmp_path / "run"
+    try:
+        cfg = modes_config_from_dict(config_dict(
+            tiny_model, out, [engine.url, doomed.url], train={"steps": 6},
+            rollout={"max_new_tokens": 16}, async_rl={"max_staleness": 1, "imports": ["tests.modes.workload"]}))
+        task = asyncio.create_task(run_async(cfg))
+        await wait_for(lambda: len(read_ledger(out)) >= 2 or task.done(), 120, "two steps")
+        doomed.kill()  # mid-run: requests in flight on it fail over, pushes to it fail
+        summary = await asyncio.wait_for(task, 300)
+    finally:
+        doomed.stop()
+    assert summary.steps == 6
+    audit_run(out, max_staleness=1)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if r["phase"] == "train"][-1]
+    assert last["sync/engines"] == 1.0  # the survivor gets every version after the crash
+
+
+async def test_engines_join_with_current_weights_and_leave_after_draining(tiny_model: Path, engine: Any,
+                                                                         tmp_path: Path) -> None:
+    joiner = start_engine(tiny_model, tmp_path, "joiner")  # serves the base weights as version 0
+    out = tmp_path / "run"
+    try:
+        cfg = modes_config_from_dict(config_dict(
+            tiny_model, out, [engine.url], train={"steps": 8}, rollout={"max_new_tokens": 16},
+            async_rl={"max_staleness": 1, "control_port": 0, "imports": ["tests.modes.workload"]}))
+        task = asyncio.create_task(run_async(cfg))
+        await wait_for(lambda: len(read_ledger(out)) >= 2 or task.done(), 120, "two steps")
+        control = json.loads((out / "control.json").read_text())
+        auth = {"Authorization": f"Bearer {control['token']}"}
+        async with httpx.AsyncClient(base_url=control["url"], timeout=60) as http:
+            assert (await http.post("/engines", json={"url": joiner.url})).status_code == 401  # no token
+            added = await http.post("/engines", json={"url": joiner.url, "id": "joiner"}, headers=auth)
+            assert added.status_code == 201, added.text
+            listing = (await http.get("/engines", headers=auth)).json()
+            versions = {e["id"]: e["weight_version"] for e in listing["engines"]}
+            # it joined at the version every engine serves, never at its own stale 0
+            assert versions["joiner"] == listing["weight_version"] != "0"
+            await wait_for(lambda: len(read_ledger(out)) >= 5 or task.done(), 120, "three more steps")
+            listing = (await http.get("/engines", headers=auth)).json()
+            joined = next(e for e in listing["engines"] if e["id"] == "joiner")
+            assert joined["served_requests"] > 0 and joined["weight_version"] == listing["weight_version"]
+            removed = await http.delete("/engines/joiner", params={"wait": "true"}, headers=auth)
+            assert removed.status_code == 200
+            assert [e["id"] for e in (await http.get("/engines", headers=auth)).json()["engines"]] != ["joiner"]
+        summary = await asyncio.wait_for(task, 300)
+    finally:
+        joiner.stop()
+    assert summary.steps == 8
+    audit_run(out, max_staleness=1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_trainer_killed_and_resumed_loses_and_repeats_no_sample(tiny_model: Path, tmp_path: Path) -> None:
+    """SIGKILL the trainer process after its step-2 checkpoint, resume with --resume: the orphaned
+    engine is stopped, and the ledger shows every sample trained once or accounted for."""
+    out = tmp_path / "run"
+    raw = config_dict(tiny_model, out, [], train={"steps": 6}, checkpoint={"every": 2, "keep_last": 5},
+                      rollout={"max_new_tokens": 16}, async_rl={"max_staleness": 1, "imports": ["tests.modes.workload"]})
+    raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": 1, "sync": "tensor"}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    command = [sys.executable, "-m", "relax_gym.trainer.modes", str(path)]
+    engine_pids: list[int] = []
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (out / "checkpoints" / "latest").is_file() and len(read_ledger(out)) >= 3:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        engine_pids = [e["pid"] for e in json.loads((out / "engines" / "pids.json").read_text())]
+        os.killpg(proc.pid, signal.SIGKILL)  # the trainer dies; its engine (own session) lives on
+        proc.wait(30)
+        assert all(_alive(pid) for pid in engine_pids)
+        resumed = subprocess.run([*command, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert not any(_alive(pid) for pid in engine_pids)  # the orphan was stopped on resume
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        for pid in engine_pids:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+    audit = audit_run(out, max_staleness=1)
+    assert [r["step"] for r in audit.ledger] == [1, 2, 3, 4, 5, 6]
