@@ -278,3 +278,17 @@ def test_a_forked_child_gets_its_own_pool(pool: SandboxPool) -> None:
     os.waitpid(child, 0)
     assert got == b"child\n"
     assert pool.run("print('parent again')").stdout == "parent again\n"
+
+
+def test_closing_an_rlimits_pool_leaves_no_work_directories() -> None:
+    """Idle workers made their work directory ahead of time; closing the pool removes it."""
+    import glob
+
+    before = set(glob.glob("/tmp/relax-sandbox-*"))
+    with SandboxPool(size=2, isolation="rlimits") as p:
+        assert p.run("print(1)").stdout == "1\n"
+        time.sleep(0.3)  # let the replacement workers finish their set-up
+    deadline = time.monotonic() + 5
+    while set(glob.glob("/tmp/relax-sandbox-*")) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(glob.glob("/tmp/relax-sandbox-*")) - before == set()

@@ -578,6 +578,7 @@ def _runner_loop(workdir: str, uid: int | None) -> None:
 # supervisor: one per call or session, off the call path
 # ------------------------------------------------------------------------------------------------
 BACKSTOP_MARGIN_S = 2.0
+SHUTDOWN_GRACE_S = 3.0
 _PIPE_BYTES = 1 << 20
 F_SETPIPE_SZ = 1031
 
@@ -857,6 +858,18 @@ def zygote_main(argv: list[str]) -> int:
                     children.add(_spawn_supervisor(ctl, caps, uid, args.tmpfs_mb))
                 except OSError:
                     break
+    # The host let go of every worker socket: idle supervisors see EOF and clean up (kill,
+    # reap, remove their work directory). Give them a moment before the hard kill.
+    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+    while children and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.02)
+        else:
+            children.discard(pid)
     for pid in children:
         try:
             os.kill(pid, signal.SIGKILL)
