@@ -10,7 +10,8 @@ Every shipped env is one row of :data:`SHIPPED`. Its ``family`` decides which su
 * ``relax/text-v0`` -- ``text`` and ``game`` envs (games with ``render="text"``);
 * ``relax/vision-v0`` -- ``image`` envs and the games with ``render="image"``;
 * ``relax/audio-v0`` / ``relax/video-v0`` -- ``audio`` / ``video`` envs;
-* ``relax/tools-v0`` -- ``tools`` envs; registered only once such envs exist (none yet).
+* ``relax/tools-v0`` -- ``tools`` envs: a ``ToolEnv`` around a task, with the tools it needs
+  (calculator, python sandbox, BM25 search, a full-resolution zoom, a shop database).
 
 Adding an env is adding a row; the suites, the baselines command
 (``python -m relax_gym.envs.baselines``) and the docs table (``python -m relax_gym.envs.docs``)
@@ -116,6 +117,31 @@ SHIPPED: tuple[ShippedEnv, ...] = (
         "relax/FrameOrder-v0", "relax_gym.envs.frame_order:FrameOrderEnv", "video",
         ("text", "video"), ("video", "ordering", "temporal"), 1,
         "put the lettered, shuffled shots of a process in time order",
+    ),
+    ShippedEnv(
+        "relax/CalcArithmetic-v0", "relax_gym.envs.calc_arithmetic:CalcArithmeticEnv", "tools",
+        ("text",), ("tools", "multi-turn", "math"), 8,
+        "a chain of large-number arithmetic steps, with a calculator tool",
+    ),
+    ShippedEnv(
+        "relax/ShopDB-v0", "relax_gym.envs.shop_db:ShopDBEnv", "tools",
+        ("text",), ("tools", "multi-turn", "stateful", "agent"), 16,
+        "serve a shop customer with database tools; graded on the final state",
+    ),
+    ShippedEnv(
+        "relax/PyPuzzle-v0", "relax_gym.envs.py_puzzle:PyPuzzleEnv", "tools",
+        ("text",), ("tools", "multi-turn", "code", "math"), 6,
+        "compute a loop / simulation / DP answer with the sandboxed python tool",
+    ),
+    ShippedEnv(
+        "relax/ChartZoom-v0", "relax_gym.envs.chart_zoom:ChartZoomEnv", "tools",
+        ("text", "image"), ("tools", "multi-turn", "vision", "charts", "zoom"), 8,
+        "read tiny bar-chart labels through a zoom tool that returns full-resolution crops",
+    ),
+    ShippedEnv(
+        "relax/DocSearch-v0", "relax_gym.envs.doc_search:DocSearchEnv", "tools",
+        ("text",), ("tools", "multi-turn", "retrieval", "multi-hop"), 8,
+        "multi-hop questions over a generated encyclopedia, with a BM25 search tool",
     ),
 )
 
