@@ -84,8 +84,16 @@ def prepare_model(config: TrainConfig, out_dir: Path) -> Path:
     return folder
 
 
+def rl_optimizer_settings(config: TrainConfig) -> OptimizerSettings:
+    """AdamW and its schedule for the RL phase, from ``train:``."""
+    t = config.train
+    return OptimizerSettings(lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, eps=t.eps,
+                             warmup_steps=t.lr_warmup_steps, schedule=t.lr_schedule,
+                             total_steps=t.steps * t.mini_batches * t.epochs, grad_clip=t.grad_clip)
+
+
 def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
-    """The configured backend over ``model_path``."""
+    """The configured backend over ``model_path``, with the RL phase's optimizer."""
     if config.backend == "megatron":
         try:
             from relax_gym.trainer.megatron.backend import create_backend  # type: ignore[import-not-found]
@@ -96,7 +104,8 @@ def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
 
     return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,
                         micro_batch_size=config.train.micro_batch_size,
-                        gradient_checkpointing=config.model.gradient_checkpointing)
+                        gradient_checkpointing=config.model.gradient_checkpointing,
+                        optimizer=rl_optimizer_settings(config))
 
 
 def config_hash(config: TrainConfig) -> str:
@@ -129,6 +138,9 @@ class Trainer:
         self.first_eval: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
         self._eval_version: int | None = None  # weight version last_eval was measured at
+        self._resync_same_version = False
+        self._closed = False
+        self.last_samples: list[ScoredSample] = []  # what the last RL step trained on
 
     # ============================================================================================
     # set-up and tear-down
@@ -186,6 +198,7 @@ class Trainer:
         self.first_eval = dict(state.extra.get("first_eval", {}))
         self.last_eval = dict(state.extra.get("last_eval", {}))
         self._synced_version = -1  # fresh engines serve the starting model: push the restored weights
+        self._resync_same_version = True  # ... under the version number they had when saved
         log.warning("resumed from %s (RL step %d, warm-up step %d)", folder, state.step, state.warmup_step)
 
     async def _start_engines(self) -> None:
@@ -213,6 +226,7 @@ class Trainer:
             await router.close()
         if getattr(self, "teacher", None) is not None:
             await self.teacher.aclose()
+            self.teacher = None
         fleet = getattr(self, "fleet", None)
         if fleet is not None:
             await asyncio.to_thread(fleet.stop)
@@ -254,7 +268,10 @@ class Trainer:
         """Push the backend's weights to the engines if they changed since the last push."""
         if self.backend.version == self._synced_version:
             return {}
-        self.state.weight_version += 1
+        if self._resync_same_version and self.state.weight_version > 0:
+            self._resync_same_version = False  # restored weights: same version as when saved
+        else:
+            self.state.weight_version += 1
         result = await self.weight_sync.push(self.state.weight_version)
         self._synced_version = self.backend.version
         return result.metrics()
@@ -345,6 +362,7 @@ class Trainer:
             self.buffer = [s.traj for g in kept[want:] for s in g]
             kept = kept[:want]
         samples = [s for g in kept for s in g]
+        self.last_samples = samples
         metrics = self._rollout_metrics(all_trajs, samples, dropped, rounds)
         if not samples:
             metrics["train/skipped_step"] = 1.0
@@ -441,7 +459,8 @@ class Trainer:
     # ============================================================================================
     # the run
     # ============================================================================================
-    async def run(self) -> RunSummary:
+    async def start(self) -> None:
+        """Build the model and backend, restore a checkpoint (``resume``), start the engines."""
         self._setup()
         c = self.config
         self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
@@ -450,10 +469,26 @@ class Trainer:
                                 initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
         try:
             await self._start_engines()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop the engines and close the writers (idempotent)."""
+        await self._stop_engines()
+        self.router = None
+        self.fleet = None
+        if getattr(self, "logger", None) is not None and not self._closed:
+            self.logger.close()
+        self._closed = True
+
+    async def run(self) -> RunSummary:
+        await self.start()
+        c = self.config
+        try:
             await self._run_phases()
         finally:
-            await self._stop_engines()
-            self.logger.close()
+            await self.close()
         curves = None
         if c.logging.plot:
             curves = plot_curves(self.out / "metrics.jsonl", self.out / "curves.png", title=c.run_name)
@@ -487,10 +522,7 @@ class Trainer:
             return
         # -- RL ----------------------------------------------------------------------------------
         if self.state.step == 0 and self.state.phase != "rl_started":
-            self.backend.configure_optimizer(OptimizerSettings(
-                lr=c.train.lr, weight_decay=c.train.weight_decay, betas=c.train.betas, eps=c.train.eps,
-                warmup_steps=c.train.lr_warmup_steps, schedule=c.train.lr_schedule,
-                total_steps=c.train.steps * c.train.mini_batches * c.train.epochs, grad_clip=c.train.grad_clip))
+            self.backend.configure_optimizer(rl_optimizer_settings(c))
             self.state.phase = "rl_started"
             if c.eval.at_start or self.warmup is not None:
                 metrics = await self.evaluate()
@@ -535,4 +567,5 @@ def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunS
     return asyncio.run(Trainer(config, resume=resume, rl=rl).run())
 
 
-__all__ = ["RunSummary", "Trainer", "config_hash", "make_backend", "prepare_model", "seed_everything", "train"]
+__all__ = ["RunSummary", "Trainer", "config_hash", "make_backend", "prepare_model", "rl_optimizer_settings",
+           "seed_everything", "train"]
