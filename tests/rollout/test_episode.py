@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from relax_gym.trainer.rollout import (
@@ -120,11 +121,11 @@ async def test_think_policies(qwen3_engine: Any, tiny_qwen3: Path) -> None:
     codec = ChatCodec.from_pretrained(tiny_qwen3, template_kwargs={"enable_thinking": False})
     assert codec.assistant_prefix == "<think>\n\n</think>\n\n"
     specs = tool_specs(1, turns=3, user_turn_at=1)
-    (keep,), manager = await run(qwen3_engine, codec, specs, think_policy="keep")
+    (keep,), manager = await run(qwen3_engine, codec, specs, think_policy="keep", max_new_tokens=6)
     assert keep.stop_reason == "env_done" and keep.num_parts == 1
     assert (keep.drift.kind, keep.drift.expected) == ("think_dropped", True) and keep.trainable
     assert manager.metrics.drift["think_dropped"] == 1
-    parts, manager = await run(qwen3_engine, codec, specs, think_policy="split")
+    parts, manager = await run(qwen3_engine, codec, specs, think_policy="split", max_new_tokens=6)
     assert [p.part for p in parts] == [0, 1, 2] and all(p.num_parts == 3 for p in parts)
     assert {p.episode_id for p in parts} == {parts[0].episode_id}
     for p in parts:
@@ -138,11 +139,19 @@ async def test_think_policies(qwen3_engine: Any, tiny_qwen3: Path) -> None:
 
 async def test_partial_rollouts_resume_across_a_weight_update(qwen3_engine: Any, codec: ChatCodec,
                                                               tiny_qwen3: Path) -> None:
-    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=240, concurrency=4))
+    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router, httpx.AsyncClient() as http:
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=120, concurrency=4))
         old = parse_weight_version((await router.engines[0].client.model_info()).weight_version)
+
+        async def generated() -> int:
+            return int((await http.get(qwen3_engine.url + "/get_server_info")).json()["generated_tokens"])
+
+        start = await generated()
         task = asyncio.create_task(manager.generate(tool_specs(4, turns=1)))
-        await asyncio.sleep(1.0)  # mid-generation
+        for _ in range(600):  # bounded: until every episode is a few tokens into its segment
+            if await generated() - start >= 4 * 8:
+                break
+            await asyncio.sleep(0.02)
         assert not task.done()
         await manager.update_weights(str(tiny_qwen3), old + 1)
         trajs = await asyncio.wait_for(task, 120)

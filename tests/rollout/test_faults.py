@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +18,12 @@ import pytest
 
 from relax_gym.trainer.rollout import ChatCodec, ControlServer, EngineRouter, RolloutConfig, RolloutManager
 
-from .conftest import start_engine
 from .test_episode import assert_tool_structure, tool_specs
 
 
 @pytest.fixture(scope="module")
 def codec(tiny_qwen3: Path) -> ChatCodec:
     return ChatCodec.from_pretrained(tiny_qwen3)
-
-
-@pytest.fixture(scope="module")
-def second_engine(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    engine = start_engine(tiny_qwen3, tmp_path_factory.mktemp("fault-logs"), "qwen3-second")
-    try:
-        yield engine
-    finally:
-        engine.stop()
 
 
 async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:

@@ -4,27 +4,14 @@ engine's logprobs match a fresh forward pass with the same pixel values."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from relax_gym import ImagePart
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
 
-from .conftest import start_engine
 from .envs import ImageTurnsEnv
 from .forward import load_model, max_sampled_diff
-
-
-@pytest.fixture(scope="module")
-def vl_engine(tiny_qwen3_vl: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    engine = start_engine(tiny_qwen3_vl, tmp_path_factory.mktemp("vl-logs"), "qwen3-vl")
-    try:
-        yield engine
-    finally:
-        engine.stop()
 
 
 async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path) -> None:

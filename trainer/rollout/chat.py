@@ -94,6 +94,7 @@ class ChatCodec:
         self.template_kwargs = dict(template_kwargs or {})
         self.vision = vision
         self._compiled = _compile(self.chat_template)
+        self._backend = _fast_backend(tokenizer)
         self._special_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
         self._base_cache: dict[tuple[int, str], str] = {}
@@ -133,10 +134,18 @@ class ChatCodec:
         except Exception as exc:  # jinja's raise_exception and friends
             raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
 
+    @staticmethod
+    def tools_key(tools: Sequence[dict[str, Any]] | None) -> str:
+        return json.dumps(list(tools), sort_keys=True) if tools else ""
+
     def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
                                          clean_up_tokenization_spaces=False))
 
@@ -227,16 +236,19 @@ class ChatCodec:
         return 0, list(glue)
 
     def observation_delta(self, new_messages: Sequence[dict[str, Any]],
-                          tools: Sequence[dict[str, Any]] | None = None) -> Rendered:
+                          tools: Sequence[dict[str, Any]] | None = None, *, tools_key: str | None = None) -> Rendered:
         """Tokens for new env/tool messages followed by the next generation prompt (with no new
         messages: the generation prompt alone).
 
         Render-and-trim against the first base conversation for which the prefix property holds
-        (the render of base + new starts with the render of base).
+        (the render of base + new starts with the render of base). ``tools_key`` (see
+        :meth:`tools_key`) saves serialising the tools again on every call.
         """
+        if tools_key is None:
+            tools_key = self.tools_key(tools)
         errors: list[str] = []
         for idx, base in enumerate(_BASES):
-            key = (idx, json.dumps(tools, sort_keys=True) if tools else "")
+            key = (idx, tools_key)
             try:
                 base_text = self._base_cache.get(key)
                 if base_text is None:
@@ -340,6 +352,23 @@ def _compile(template: str) -> Any | None:
         return _compile_jinja_template(template)
     except Exception:  # pragma: no cover - depends on the transformers version
         return None
+
+
+def _fast_backend(tokenizer: Any) -> Any | None:
+    """The Rust ``tokenizers.Tokenizer`` behind a fast HF tokenizer, used directly (about 30% less
+    CPU per call than the HF wrapper) when the wrapper adds nothing to encode/decode: no
+    tokenization-space clean-up and no special-token splitting. None otherwise."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return None
+    if getattr(tokenizer, "split_special_tokens", False):
+        return None
+    probe = "<|im_start|>user\nhé 12 <think>x</think>\n\n"
+    try:
+        same = backend.encode(probe, add_special_tokens=False).ids == tokenizer.encode(probe, add_special_tokens=False)
+    except Exception:  # noqa: BLE001
+        return None
+    return backend if same else None
 
 
 def _placeholder(part: dict[str, Any]) -> str:

@@ -125,6 +125,7 @@ class EpisodeSpec:
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     env_factory: Callable[[], Env] | None = None
     group_id: str | None = None
+    max_new_tokens: int | None = None  # this episode's per-turn budget (default: the config's)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -150,6 +151,7 @@ class EpisodeRunner:
         self.parts: list[_Part] = [_Part()]
         self.messages: list[Message] = []
         self.tools: list[dict[str, Any]] = []
+        self._tools_key = ""
         self.reward = 0.0
         self.reward_components: dict[str, float] = {}
         self.success = False
@@ -243,6 +245,7 @@ class EpisodeRunner:
             raise _EpisodeStop("env_error", f"reset returned {type(obs).__name__}, expected Observation")
         self.messages.extend(obs.messages)
         self.tools = [t.to_openai() for t in obs.tools]
+        self._tools_key = self.codec.tools_key(self.tools)
         first = self._render_messages(env, obs)
         if self.config.system_prompt and not any(m.get("role") == "system" for m in first):
             first.insert(0, {"role": "system", "content": self.config.system_prompt})
@@ -265,7 +268,7 @@ class EpisodeRunner:
             budget = self.config.max_total_tokens - len(self.part.ids)
             if budget <= 0:
                 return "max_tokens"
-            max_new = min(self.config.max_new_tokens, budget)
+            max_new = min(self.spec.max_new_tokens or self.config.max_new_tokens, budget)
             segment = await self._generate(max_new)
             part = self.part
             part.add_sampled(segment.ids, segment.logprobs, segment.versions)
@@ -306,7 +309,8 @@ class EpisodeRunner:
             if self.config.think_policy == "split" and self._needs_split(new_msgs):
                 self._start_new_part(new_msgs)
             else:
-                delta = self._template(lambda: self.codec.observation_delta(new_msgs, self.tools))
+                delta = self._template(lambda: self.codec.observation_delta(new_msgs, self.tools,
+                                                                            tools_key=self._tools_key))
                 if len(self.part.ids) + len(delta.ids) >= self.config.max_total_tokens:
                     return "max_tokens"
                 self.part.add_context(delta)
@@ -347,8 +351,9 @@ class EpisodeRunner:
         cfg = self.config
         self._requests += 1
         seed = None
-        if cfg.sampling_seed is not None:  # reproducible per (run seed, episode, request)
-            seed = zlib.crc32(f"{cfg.sampling_seed}:{self.episode_id}:{self._requests}".encode()) & 0x7FFFFFFF
+        if cfg.sampling_seed is not None:  # reproducible per (run seed, group, sample, request)
+            key = f"{cfg.sampling_seed}:{self.spec.group}:{self.sample_index}:{self._requests}"
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
         return GenerateRequest(
             input_ids=part.ids + segment.ids,
             image_data=list(part.payloads) or None,
@@ -387,8 +392,8 @@ class EpisodeRunner:
                 retryable = not (type(exc) is EngineError and exc.status is not None and exc.status < 500)
                 if not retryable:
                     raise _EpisodeStop("engine_error", f"{handle.id}: {exc}") from None
-                self.router.fail_session(self.episode_id, handle, str(exc),
-                                         engine_down=isinstance(exc, EngineUnavailable))
+                await self.router.report_failure(self.episode_id, handle, str(exc),
+                                                 unreachable=isinstance(exc, EngineUnavailable))
                 if isinstance(exc, EngineTimeout):  # free the engine's slot; best effort
                     _background(handle.client.abort(request.rid))
                 segment.failovers += 1

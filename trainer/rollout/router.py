@@ -67,7 +67,7 @@ class EngineHandle:
 
     id: str
     url: str
-    client: EngineClient
+    clients: list[EngineClient]  # connection-pool shards; clients[0] also carries control calls
     state: EngineState = "syncing"
     inflight: int = 0
     sessions: set[str] = field(default_factory=set)
@@ -77,6 +77,31 @@ class EngineHandle:
     last_error: str | None = None
     added_at: float = field(default_factory=time.monotonic)
     draining_done: asyncio.Event = field(default_factory=asyncio.Event)
+    make_client: Callable[[], EngineClient] | None = None  # builds another pool shard
+    max_shards: int = 1
+    shard_size: int = 16
+    shard_load: list[int] = field(default_factory=lambda: [0])
+    probe: asyncio.Task[bool] | None = None
+
+    @property
+    def client(self) -> EngineClient:
+        return self.clients[0]
+
+    def pick_shard(self) -> int:
+        """The least-loaded connection-pool shard, adding one (up to ``max_shards``) when all are
+        full. httpx's pool scans every connection it holds for each request, so a single pool
+        of hundreds of connections costs milliseconds of CPU per request; small shards keep
+        that scan short, and shards are only created when the load needs them."""
+        best = min(range(len(self.clients)), key=self.shard_load.__getitem__)
+        if self.shard_load[best] >= self.shard_size and len(self.clients) < self.max_shards and self.make_client:
+            self.clients.append(self.make_client())
+            self.shard_load.append(0)
+            return len(self.clients) - 1
+        return best
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
 
     @property
     def takes_new_sessions(self) -> bool:
@@ -112,8 +137,9 @@ class EngineRouter:
         health_interval_s: float = 2.0,
         health_timeout_s: float = 2.0,
         no_engine_timeout_s: float = 60.0,
-        max_connections: int = 512,
-        client_factory: Callable[[str], EngineClient] | None = None,
+        max_connections: int = 256,
+        connections_per_shard: int = 16,
+        client_factory: Callable[[str, int], EngineClient] | None = None,
     ) -> None:
         self._initial_urls = list(urls)
         self.api_key = api_key
@@ -121,10 +147,12 @@ class EngineRouter:
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.no_engine_timeout_s = no_engine_timeout_s
+        self._shards = max(1, -(-max_connections // max(1, connections_per_shard)))
+        per_shard = -(-max_connections // self._shards)
         self._client_factory = client_factory or (
-            lambda url: EngineClient(url, api_key=api_key, timeout_s=request_timeout_s,
-                                     max_connections=max_connections)
+            lambda url, n: EngineClient(url, api_key=api_key, timeout_s=request_timeout_s, max_connections=n)
         )
+        self._per_shard = per_shard
         self._engines: dict[str, EngineHandle] = {}
         self._bindings: dict[str, EngineHandle] = {}  # session -> engine
         self._ids = itertools.count()
@@ -169,7 +197,7 @@ class EngineRouter:
         for task in list(self._drain_tasks):
             task.cancel()
         for handle in list(self._engines.values()):
-            await handle.client.aclose()
+            await handle.aclose()
         self._engines.clear()
         self._bindings.clear()
 
@@ -183,7 +211,9 @@ class EngineRouter:
         engine_id = engine_id or f"e{next(self._ids)}"
         if engine_id in self._engines:
             raise ValueError(f"engine id {engine_id!r} is taken")
-        handle = EngineHandle(id=engine_id, url=url.rstrip("/"), client=self._client_factory(url))
+        handle = EngineHandle(id=engine_id, url=url.rstrip("/"), clients=[self._client_factory(url, self._per_shard)],
+                              make_client=lambda: self._client_factory(url, self._per_shard), max_shards=self._shards,
+                              shard_size=self._per_shard)
         self._engines[engine_id] = handle
         return handle
 
@@ -257,14 +287,21 @@ class EngineRouter:
         """The episode finished: free its binding (a draining engine may now be removed)."""
         self._unbind(session)
 
-    def fail_session(self, session: str, handle: EngineHandle, error: str, *, engine_down: bool) -> None:
-        """A request of ``session`` failed on ``handle``: unbind it so the retry goes elsewhere;
-        when the engine itself is unreachable, mark it unhealthy for everyone."""
+    async def report_failure(self, session: str, handle: EngineHandle, error: str, *, unreachable: bool) -> None:
+        """A request of ``session`` failed on ``handle``: unbind the session so its retry may go
+        elsewhere. When the engine looked unreachable, probe ``/health`` (one probe at a time
+        per engine): a dead engine is marked unhealthy for everyone, while a single dropped
+        keep-alive connection on a live engine is not."""
         self.events["failovers"] += 1
         handle.failures += 1
         handle.last_error = error
         self._unbind(session)
-        if engine_down and handle.state in ("ready", "draining", "syncing"):
+        if not unreachable or handle.state not in ("ready", "draining", "syncing"):
+            return
+        if handle.probe is None or handle.probe.done():
+            handle.probe = asyncio.create_task(handle.client.health(timeout_s=self.health_timeout_s))
+        alive = await asyncio.shield(handle.probe)
+        if not alive and handle.state in ("ready", "draining", "syncing"):
             self._mark_unhealthy(handle, error)
 
     def _mark_unhealthy(self, handle: EngineHandle, error: str) -> None:
@@ -280,7 +317,12 @@ class EngineRouter:
 
     async def generate(self, handle: EngineHandle, request: GenerateRequest,
                        *, timeout_s: float | None = None) -> GenerateResponse:
-        return await handle.client.generate(request, timeout_s=timeout_s)
+        shard = handle.pick_shard()
+        handle.shard_load[shard] += 1
+        try:
+            return await handle.clients[shard].generate(request, timeout_s=timeout_s)
+        finally:
+            handle.shard_load[shard] -= 1
 
     # -- health -------------------------------------------------------------------------------------
     async def _health_loop(self) -> None:
@@ -410,7 +452,7 @@ class EngineRouter:
                 await self._bring_to_current_weights(handle)
         except (EngineError, WeightSyncError):
             self._engines.pop(handle.id, None)
-            await handle.client.aclose()
+            await handle.aclose()
             raise
         handle.state = "ready"
         self.events["added"] += 1
@@ -441,7 +483,7 @@ class EngineRouter:
             handle.state = "removed"
             self._engines.pop(engine_id, None)
             self.events["removed"] += 1
-            await handle.client.aclose()
+            await handle.aclose()
             await self._notify()
 
         if wait:
