@@ -1,8 +1,8 @@
 """``relax-gym engine``: serve a model with the embedded engine, build tiny models, launch SGLang.
 
-    relax-gym engine build-tiny --kind qwen3-vl --out models/tiny-vl
-    relax-gym engine serve --model models/tiny-vl --port 30000 [--api-key TOKEN]
-    relax-gym engine sglang --model Qwen/Qwen3-VL-2B-Instruct --port 30000 --tp 1   # GPU machines
+relax-gym engine build-tiny --kind qwen3-vl --out models/tiny-vl
+relax-gym engine serve --model models/tiny-vl --port 30000 [--api-key TOKEN]
+relax-gym engine sglang --model Qwen/Qwen3-VL-2B-Instruct --port 30000 --tp 1   # GPU machines
 """
 
 from __future__ import annotations
@@ -20,23 +20,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (see --port-file)")
     s.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    s.add_argument("--api-key", default=os.environ.get("RELAX_GYM_ENGINE_API_KEY"),
-                   help="bearer token for control routes (env RELAX_GYM_ENGINE_API_KEY)")
-    s.add_argument("--protect-generation", action="store_true",
-                   help="also require the token on /generate, /v1/* and the info routes")
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("RELAX_GYM_ENGINE_API_KEY"),
+        help="bearer token for control routes (env RELAX_GYM_ENGINE_API_KEY)",
+    )
+    s.add_argument(
+        "--protect-generation",
+        action="store_true",
+        help="also require the token on /generate, /v1/* and the info routes",
+    )
     s.add_argument("--served-model-name", default=None)
     s.add_argument("--max-batch-size", type=int, default=32, help="most requests decoded together")
     s.add_argument("--max-prefill-tokens", type=int, default=8192, help="prompt tokens per prefill batch")
     s.add_argument("--prefix-cache-tokens", type=int, default=32768, help="token budget of the prefix cache (0: off)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     s.add_argument("--seed", type=int, default=0, help="seeds requests that bring no sampling_seed")
-    s.add_argument("--logprob-mode", choices=["scaled", "raw"], default="scaled",
-                   help="scaled: log_softmax(logits/T) (default); raw: log_softmax(logits)")
+    s.add_argument(
+        "--logprob-mode",
+        choices=["scaled", "raw"],
+        default="scaled",
+        help="scaled: log_softmax(logits/T) (default); raw: log_softmax(logits)",
+    )
     s.add_argument("--weight-version", default="default")
     s.add_argument("--allow-media-paths", action="store_true", help="let image_data name local files")
     s.add_argument("--default-max-tokens", type=int, default=512, help="chat completions without max_tokens")
-    s.add_argument("--reasoning-parser", choices=["qwen3"], default=None,
-                   help="split <think> blocks into reasoning_content on /v1/chat/completions")
+    s.add_argument(
+        "--reasoning-parser",
+        choices=["qwen3"],
+        default=None,
+        help="split <think> blocks into reasoning_content on /v1/chat/completions",
+    )
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
@@ -44,8 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--kind", default="qwen3", choices=["qwen3", "qwen3-vl", "qwen3_vl"])
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--tokenizer", default="qwen3", choices=["qwen3", "tiny-bpe"],
-                   help="the real Qwen3 tokenizer (151k vocab) or a tiny offline BPE (512)")
+    b.add_argument(
+        "--tokenizer",
+        default="qwen3",
+        choices=["qwen3", "tiny-bpe"],
+        help="the real Qwen3 tokenizer (151k vocab) or a tiny offline BPE (512)",
+    )
     b.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     b.add_argument("--hidden-size", type=int, default=None, help="override hidden_size")
 
@@ -66,15 +84,31 @@ def run(args: argparse.Namespace) -> int:
     if command == "serve":
         from relax_gym.trainer.engines.embedded import EmbeddedOptions, serve
 
-        return serve(EmbeddedOptions(
-            model=args.model, host=args.host, port=args.port, port_file=args.port_file, api_key=args.api_key,
-            protect_generation=args.protect_generation, served_model_name=args.served_model_name,
-            max_batch_size=args.max_batch_size, max_prefill_tokens=args.max_prefill_tokens,
-            prefix_cache_tokens=args.prefix_cache_tokens, threads=args.threads, seed=args.seed,
-            logprob_mode=args.logprob_mode, weight_version=args.weight_version,
-            allow_media_paths=args.allow_media_paths, default_max_tokens=args.default_max_tokens,
-            reasoning_parser=args.reasoning_parser, dtype=args.dtype, log_level=args.log_level,
-        ))
+        return int(
+            serve(
+                EmbeddedOptions(
+                    model=args.model,
+                    host=args.host,
+                    port=args.port,
+                    port_file=args.port_file,
+                    api_key=args.api_key,
+                    protect_generation=args.protect_generation,
+                    served_model_name=args.served_model_name,
+                    max_batch_size=args.max_batch_size,
+                    max_prefill_tokens=args.max_prefill_tokens,
+                    prefix_cache_tokens=args.prefix_cache_tokens,
+                    threads=args.threads,
+                    seed=args.seed,
+                    logprob_mode=args.logprob_mode,
+                    weight_version=args.weight_version,
+                    allow_media_paths=args.allow_media_paths,
+                    default_max_tokens=args.default_max_tokens,
+                    reasoning_parser=args.reasoning_parser,
+                    dtype=args.dtype,
+                    log_level=args.log_level,
+                )
+            )
+        )
     if command == "build-tiny":
         from relax_gym.trainer.models import build_tiny_model, folder_size_bytes
 
@@ -87,13 +121,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"built tiny {args.kind} at {path} ({folder_size_bytes(path) / 1e6:.1f} MB)")
         return 0
     if command == "sglang":
-        from relax_gym.trainer.engines.sglang_launcher import SGLangOptions, run_foreground
+        from relax_gym.trainer.engines.sglang_launcher import (
+            SGLangOptions,
+            run_foreground,
+        )
 
         extra = [a for a in (args.extra or []) if a != "--"]
-        return run_foreground(SGLangOptions(
-            model=args.model, host=args.host, port=args.port, tp=args.tp,
-            mem_fraction_static=args.mem_fraction_static, api_key=args.api_key, log_file=args.log_file,
-            health_timeout_s=args.timeout, extra_args=extra,
-        ))
+        return int(
+            run_foreground(
+                SGLangOptions(
+                    model=args.model,
+                    host=args.host,
+                    port=args.port,
+                    tp=args.tp,
+                    mem_fraction_static=args.mem_fraction_static,
+                    api_key=args.api_key,
+                    log_file=args.log_file,
+                    health_timeout_s=args.timeout,
+                    extra_args=extra,
+                )
+            )
+        )
     print("usage: relax-gym engine {serve,build-tiny,sglang} ... (see --help)", file=sys.stderr)
     return 2

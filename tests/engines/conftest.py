@@ -16,16 +16,23 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 from relax_gym.trainer.models import build_tiny_model
 from relax_gym.trainer.models.scripted import teach_completions
 
 API_KEY = "test-secret-key"
-ADD_TOOL = {"type": "function", "function": {
-    "name": "add", "description": "Add two integers.",
-    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"]}}}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+        },
+    },
+}
 TOOL_QUESTION = [{"role": "user", "content": "What is 1 + 2?"}]
 TOOL_ANSWER = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 

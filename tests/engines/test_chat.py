@@ -7,17 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 
 from relax_gym.protocol import ChatCompletionRequest, EngineClient
-from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 
 from .conftest import ADD_TOOL, TOOL_QUESTION, chat_prompt_ids, load_tokenizer
 
 
 async def test_tool_call_comes_back_structured(text_engine: EmbeddedEngineProcess) -> None:
     async with EngineClient(text_engine.url) as client:
-        out = await client.chat_completions(ChatCompletionRequest(
-            messages=TOOL_QUESTION, tools=[ADD_TOOL], temperature=0.0, max_tokens=64, logprobs=True, top_logprobs=2))
+        out = await client.chat_completions(
+            ChatCompletionRequest(
+                messages=TOOL_QUESTION, tools=[ADD_TOOL], temperature=0.0, max_tokens=64, logprobs=True, top_logprobs=2
+            )
+        )
     choice = out.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -30,11 +33,14 @@ async def test_tool_call_comes_back_structured(text_engine: EmbeddedEngineProces
     assert "".join(t.token for t in tokens).startswith("<tool_call>")
 
 
-async def test_tools_are_rendered_by_the_chat_template(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> None:
+async def test_tools_are_rendered_by_the_chat_template(
+    text_engine: EmbeddedEngineProcess, scripted_qwen3: Path
+) -> None:
     tok = load_tokenizer(scripted_qwen3)
     async with EngineClient(text_engine.url) as client:
-        with_tools = await client.chat_completions(ChatCompletionRequest(
-            messages=TOOL_QUESTION, tools=[ADD_TOOL], max_tokens=2, seed=1))
+        with_tools = await client.chat_completions(
+            ChatCompletionRequest(messages=TOOL_QUESTION, tools=[ADD_TOOL], max_tokens=2, seed=1)
+        )
         without = await client.chat_completions(ChatCompletionRequest(messages=TOOL_QUESTION, max_tokens=2, seed=1))
     assert with_tools.usage.prompt_tokens == len(chat_prompt_ids(tok, TOOL_QUESTION, [ADD_TOOL]))
     assert without.usage.prompt_tokens == len(chat_prompt_ids(tok, TOOL_QUESTION))
@@ -44,13 +50,19 @@ async def test_tools_are_rendered_by_the_chat_template(text_engine: EmbeddedEngi
 async def test_multi_turn_with_tool_result_and_n(text_engine: EmbeddedEngineProcess) -> None:
     messages: list[dict[str, Any]] = [
         *TOOL_QUESTION,
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "3"},
     ]
     async with EngineClient(text_engine.url) as client:
-        out = await client.chat_completions(ChatCompletionRequest(
-            messages=messages, tools=[ADD_TOOL], max_tokens=5, n=3, seed=7, temperature=1.0))
+        out = await client.chat_completions(
+            ChatCompletionRequest(messages=messages, tools=[ADD_TOOL], max_tokens=5, n=3, seed=7, temperature=1.0)
+        )
     assert [c.index for c in out.choices] == [0, 1, 2]
     assert out.usage.completion_tokens == sum(1 for _ in out.choices) * 5 or out.usage.completion_tokens <= 15
     assert out.model
@@ -60,8 +72,10 @@ async def test_chat_bad_input(text_engine: EmbeddedEngineProcess) -> None:
     bad = [
         ({"messages": []}, "empty"),
         ({"messages": [{"role": "robot", "content": "hi"}]}, "role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
-         "no vision encoder"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+            "no vision encoder",
+        ),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "audio"),
         ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream"),
         ({"messages": [{"role": "user", "content": "hi"}], "temperature": -2}, "temperature"),

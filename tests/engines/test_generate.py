@@ -13,17 +13,24 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 from transformers import AutoModelForCausalLM
 
-from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, GenerateResponse, SamplingParams
-from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+from relax_gym.protocol import (
+    EngineClient,
+    EngineError,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingParams,
+)
 
 from .conftest import API_KEY, chat_prompt_ids, load_tokenizer
 
 
 def req(ids: list[int], n: int = 16, **sampling: object) -> GenerateRequest:
-    return GenerateRequest(input_ids=ids, return_logprob=True,
-                           sampling_params=SamplingParams(max_new_tokens=n, **sampling))
+    return GenerateRequest(
+        input_ids=ids, return_logprob=True, sampling_params=SamplingParams(max_new_tokens=n, **sampling)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +57,9 @@ async def wait_for_tokens(url: str, at_least: int, timeout_s: float = 30.0) -> N
         await asyncio.sleep(0.05)
 
 
-async def test_generate_returns_tokens_logprobs_and_meta(text_engine: EmbeddedEngineProcess, ids: list[int],
-                                                         scripted_qwen3: Path) -> None:
+async def test_generate_returns_tokens_logprobs_and_meta(
+    text_engine: EmbeddedEngineProcess, ids: list[int], scripted_qwen3: Path
+) -> None:
     async with EngineClient(text_engine.url) as client:
         out = await client.generate(req(ids, 12, ignore_eos=True, sampling_seed=3))
         info = await client.model_info()
@@ -67,28 +75,38 @@ async def test_generate_returns_tokens_logprobs_and_meta(text_engine: EmbeddedEn
 async def test_text_prompt_matches_input_ids(text_engine: EmbeddedEngineProcess, tok: Any) -> None:
     text = "The answer is"
     async with EngineClient(text_engine.url) as client:
-        a = await client.generate(GenerateRequest(text=text, sampling_params=SamplingParams(max_new_tokens=6, sampling_seed=9)))
-        b = await client.generate(GenerateRequest(input_ids=tok(text)["input_ids"],
-                                                  sampling_params=SamplingParams(max_new_tokens=6, sampling_seed=9)))
+        a = await client.generate(
+            GenerateRequest(text=text, sampling_params=SamplingParams(max_new_tokens=6, sampling_seed=9))
+        )
+        b = await client.generate(
+            GenerateRequest(
+                input_ids=tok(text)["input_ids"], sampling_params=SamplingParams(max_new_tokens=6, sampling_seed=9)
+            )
+        )
     assert a.output_ids == b.output_ids and a.text == b.text
     assert a.text == tok.decode(a.output_ids, skip_special_tokens=True)
 
 
-async def test_logprobs_match_fresh_forward_pass(text_engine: EmbeddedEngineProcess, ids: list[int],
-                                                  scripted_qwen3: Path) -> None:
+async def test_logprobs_match_fresh_forward_pass(
+    text_engine: EmbeddedEngineProcess, ids: list[int], scripted_qwen3: Path
+) -> None:
     """The train/rollout mismatch: engine logprobs (batched, KV-cached) vs one fresh forward."""
     base = ids
     prompts = [base, base[:7], base + [100, 200, 300], base[3:]]
     temps = [1.0, 0.7, 1.0, 1.3]
     async with EngineClient(text_engine.url) as client:
-        outs = await asyncio.gather(*(client.generate(req(p, 24, temperature=t, ignore_eos=True, sampling_seed=i))
-                                      for i, (p, t) in enumerate(zip(prompts, temps, strict=True))))
+        outs = await asyncio.gather(
+            *(
+                client.generate(req(p, 24, temperature=t, ignore_eos=True, sampling_seed=i))
+                for i, (p, t) in enumerate(zip(prompts, temps, strict=True))
+            )
+        )
     model = AutoModelForCausalLM.from_pretrained(str(scripted_qwen3), dtype=torch.float32).eval()
     worst = 0.0
     for p, t, out in zip(prompts, temps, outs, strict=True):
         full = torch.tensor([p + out.output_ids])
         with torch.no_grad():
-            logits = model(full).logits[0, len(p) - 1:-1]
+            logits = model(full).logits[0, len(p) - 1 : -1]
         ref = torch.log_softmax(logits / t, dim=-1).gather(1, torch.tensor(out.output_ids)[:, None]).squeeze(1)
         worst = max(worst, float((ref - torch.tensor(out.token_logprobs())).abs().max()))
     print(f"max |engine - fresh forward| logprob diff: {worst:.3e}")
@@ -126,8 +144,11 @@ async def test_stop_token_ids_and_stop_strings(text_engine: EmbeddedEngineProces
         third = seeded.output_ids[2]
         by_id = await client.generate(req(ids, 16, sampling_seed=5, stop_token_ids=[third]))
         pieces = [tok.decode([t]) for t in seeded.output_ids]
-        k = next(i for i in range(1, 16)
-                 if pieces[i].strip() and pieces[i].isascii() and pieces[i] not in "".join(pieces[:i]))
+        k = next(
+            i
+            for i in range(1, 16)
+            if pieces[i].strip() and pieces[i].isascii() and pieces[i] not in "".join(pieces[:i])
+        )
         by_str = await client.generate(req(ids, 16, sampling_seed=5, stop=[pieces[k]]))
     assert third not in seeded.output_ids[:2]
     assert by_id.output_ids == seeded.output_ids[:3]
@@ -139,9 +160,16 @@ async def test_stop_token_ids_and_stop_strings(text_engine: EmbeddedEngineProces
 
 async def test_abort_returns_partial_tokens(text_engine: EmbeddedEngineProcess, ids: list[int]) -> None:
     async with EngineClient(text_engine.url, api_key=API_KEY) as client:
-        task = asyncio.create_task(client.generate(GenerateRequest(
-            input_ids=ids, rid="long-one", return_logprob=True,
-            sampling_params=SamplingParams(max_new_tokens=3000, ignore_eos=True))))
+        task = asyncio.create_task(
+            client.generate(
+                GenerateRequest(
+                    input_ids=ids,
+                    rid="long-one",
+                    return_logprob=True,
+                    sampling_params=SamplingParams(max_new_tokens=3000, ignore_eos=True),
+                )
+            )
+        )
         await wait_for_tokens(text_engine.url, 5)
         await client.abort("long-one")
         out = await asyncio.wait_for(task, 30)
@@ -204,12 +232,18 @@ async def test_abort_all(text_engine: EmbeddedEngineProcess, ids: list[int]) -> 
 
 async def test_control_routes_need_the_token(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> None:
     url = text_engine.url
-    control = [("/pause_generation", {"mode": "in_place"}), ("/continue_generation", {}),
-               ("/abort_request", {"abort_all": True}), ("/flush_cache", {}),
-               ("/update_weights_from_disk", {"model_path": str(scripted_qwen3)}),
-               ("/update_weights_from_tensor", {"serialized_named_tensors": ["x"]}),
-               ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
-                                               "rank_offset": 1, "world_size": 2})]
+    control = [
+        ("/pause_generation", {"mode": "in_place"}),
+        ("/continue_generation", {}),
+        ("/abort_request", {"abort_all": True}),
+        ("/flush_cache", {}),
+        ("/update_weights_from_disk", {"model_path": str(scripted_qwen3)}),
+        ("/update_weights_from_tensor", {"serialized_named_tensors": ["x"]}),
+        (
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2},
+        ),
+    ]
     async with httpx.AsyncClient(base_url=url) as http:
         for path, body in control:
             assert (await http.post(path, json=body)).status_code == 401, path
@@ -223,21 +257,26 @@ async def test_control_routes_need_the_token(text_engine: EmbeddedEngineProcess,
         assert (await client.generate(req([1, 2, 3], 2))).meta_info.completion_tokens == 2
 
 
-@pytest.mark.parametrize("body, fragment", [
-    (b"{not json", "malformed JSON"),
-    ({"text": "hi", "input_ids": [1, 2]}, "exactly one"),
-    ({"input_ids": [1, 2, 10_000_000]}, "outside the vocabulary"),
-    ({"input_ids": [-1, 2]}, "outside the vocabulary"),
-    ({"input_ids": []}, "empty"),
-    ({"input_ids": [1, 2], "image_data": ["aGVsbG8="]}, "no vision encoder"),
-    ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "temperature"),
-    ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "top_k"),
-    ({"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 0.5}}, "not supported"),
-    ({"input_ids": [1, 2], "sampling_params": {"stop_token_ids": [10_000_000]}}, "stop_token_ids"),
-    ({"input_ids": [1, 2], "audio_data": ["x"]}, "audio_data"),
-    ([1, 2, 3], "JSON object"),
-])
-async def test_bad_generate_input_is_a_clear_400(text_engine: EmbeddedEngineProcess, body: object, fragment: str) -> None:
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        (b"{not json", "malformed JSON"),
+        ({"text": "hi", "input_ids": [1, 2]}, "exactly one"),
+        ({"input_ids": [1, 2, 10_000_000]}, "outside the vocabulary"),
+        ({"input_ids": [-1, 2]}, "outside the vocabulary"),
+        ({"input_ids": []}, "empty"),
+        ({"input_ids": [1, 2], "image_data": ["aGVsbG8="]}, "no vision encoder"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "temperature"),
+        ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "top_k"),
+        ({"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 0.5}}, "not supported"),
+        ({"input_ids": [1, 2], "sampling_params": {"stop_token_ids": [10_000_000]}}, "stop_token_ids"),
+        ({"input_ids": [1, 2], "audio_data": ["x"]}, "audio_data"),
+        ([1, 2, 3], "JSON object"),
+    ],
+)
+async def test_bad_generate_input_is_a_clear_400(
+    text_engine: EmbeddedEngineProcess, body: object, fragment: str
+) -> None:
     async with httpx.AsyncClient(base_url=text_engine.url) as http:
         if isinstance(body, bytes):
             resp = await http.post("/generate", content=body, headers={"content-type": "application/json"})
@@ -257,8 +296,9 @@ async def test_client_error_types(text_engine: EmbeddedEngineProcess) -> None:
         assert await client.health()
 
 
-async def test_next_turn_reuses_the_cached_prefix(text_engine: EmbeddedEngineProcess, ids: list[int],
-                                                  scripted_qwen3: Path) -> None:
+async def test_next_turn_reuses_the_cached_prefix(
+    text_engine: EmbeddedEngineProcess, ids: list[int], scripted_qwen3: Path
+) -> None:
     """A multi-turn prompt (previous prompt + answer + new tokens) prefills only the new part."""
     first_prompt = ids + [7, 8, 9, 10]
     async with EngineClient(text_engine.url) as client:
@@ -269,6 +309,6 @@ async def test_next_turn_reuses_the_cached_prefix(text_engine: EmbeddedEnginePro
     assert second.meta_info.cached_tokens == len(first_prompt) + len(first.output_ids) - 1
     model = AutoModelForCausalLM.from_pretrained(str(scripted_qwen3), dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([turn2 + second.output_ids])).logits[0, len(turn2) - 1:-1]
+        logits = model(torch.tensor([turn2 + second.output_ids])).logits[0, len(turn2) - 1 : -1]
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(second.output_ids)[:, None]).squeeze(1)
     assert float((ref - torch.tensor(second.token_logprobs())).abs().max()) < 1e-4

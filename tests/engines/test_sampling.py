@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import torch
-
-from relax_gym.trainer.engines.sampling import SamplingSpec, make_generator, prompt_logprobs, sample_next
+from relax_gym.trainer.engines.sampling import (
+    SamplingSpec,
+    make_generator,
+    prompt_logprobs,
+    sample_next,
+)
 
 LOGITS = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]])
 
@@ -47,8 +51,12 @@ def test_top_p_on_a_large_flat_vocabulary_takes_the_exact_path() -> None:
 
 
 def test_greedy_and_reported_logprobs() -> None:
-    out = sample_next(LOGITS.repeat(2, 1), [SamplingSpec(temperature=0.0), SamplingSpec(temperature=0.5)],
-                      [make_generator(0), make_generator(1)], top_logprobs_num=[2, 0])
+    out = sample_next(
+        LOGITS.repeat(2, 1),
+        [SamplingSpec(temperature=0.0), SamplingSpec(temperature=0.5)],
+        [make_generator(0), make_generator(1)],
+        top_logprobs_num=[2, 0],
+    )
     assert out.tokens[0] == 2
     assert abs(out.logprobs[0] - float(torch.log_softmax(LOGITS[0], -1)[2])) < 1e-6
     assert abs(out.logprobs[1] - float(torch.log_softmax(LOGITS[0] / 0.5, -1)[out.tokens[1]])) < 1e-6

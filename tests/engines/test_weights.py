@@ -11,6 +11,14 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+from relax_gym.trainer.engines.weights import (
+    EngineTarget,
+    UpdateWeightsFromTensorRequest,
+    WeightBroadcaster,
+    encode_named_tensors,
+    push_weights_from_tensor,
+)
 from transformers import AutoModelForCausalLM
 
 from relax_gym.protocol import (
@@ -21,25 +29,25 @@ from relax_gym.protocol import (
     SamplingParams,
     UpdateWeightsFromDiskRequest,
 )
-from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
-from relax_gym.trainer.engines.weights import (
-    EngineTarget,
-    UpdateWeightsFromTensorRequest,
-    WeightBroadcaster,
-    encode_named_tensors,
-    push_weights_from_tensor,
-)
 
-from .conftest import API_KEY, start_engine
+from .conftest import API_KEY
 
 PROMPT = list(range(40, 60))
 
 
-@pytest.fixture(scope="module")
-def engine(bpe_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
-    proc = start_engine(bpe_qwen3)
-    yield proc
-    proc.stop()
+@pytest.fixture
+def engine(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
+    """The session's text engine; its own weights and version are put back after every test."""
+    yield text_engine
+    asyncio.run(_put_back(text_engine.url, scripted_qwen3))
+
+
+async def _put_back(url: str, path: Path) -> None:
+    async with EngineClient(url, api_key=API_KEY) as client:
+        await client.continue_generation()
+        await client.update_weights_from_disk(
+            UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="default", abort_all_requests=True)
+        )
 
 
 def state_of(path: Path) -> dict[str, torch.Tensor]:
@@ -47,14 +55,19 @@ def state_of(path: Path) -> dict[str, torch.Tensor]:
 
 
 async def probe(client: EngineClient, n: int = 12) -> GenerateResponse:
-    return await client.generate(GenerateRequest(input_ids=PROMPT, return_logprob=True, sampling_params=SamplingParams(
-        max_new_tokens=n, temperature=0.0, ignore_eos=True)))
+    return await client.generate(
+        GenerateRequest(
+            input_ids=PROMPT,
+            return_logprob=True,
+            sampling_params=SamplingParams(max_new_tokens=n, temperature=0.0, ignore_eos=True),
+        )
+    )
 
 
 def fresh_logprobs(path: Path, out: GenerateResponse) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([PROMPT + out.output_ids])).logits[0, len(PROMPT) - 1:-1]
+        logits = model(torch.tensor([PROMPT + out.output_ids])).logits[0, len(PROMPT) - 1 : -1]
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(out.output_ids)[:, None]).squeeze(1)
 
 
@@ -63,35 +76,41 @@ def max_diff(ref: torch.Tensor, out: GenerateResponse) -> float:
 
 
 async def restore(client: EngineClient, path: Path) -> None:
-    await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="base"))
+    await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="default"))
 
 
-async def test_update_from_disk_changes_outputs_and_version(engine: EmbeddedEngineProcess, bpe_qwen3: Path,
-                                                            bpe_qwen3_seed1: Path) -> None:
+async def test_update_from_disk_changes_outputs_and_version(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
     async with EngineClient(engine.url, api_key=API_KEY) as client:
         before = await probe(client)
         reply = await client.update_weights_from_disk(
-            UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="v1"))
+            UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="v1")
+        )
         after = await probe(client)
         info = await client.model_info()
-        await restore(client, bpe_qwen3)
+        await restore(client, scripted_qwen3)
         back = await probe(client)
     assert reply.success and "v1" in reply.message
     assert info.weight_version == "v1" == after.meta_info.weight_version
     assert after.token_logprobs() != before.token_logprobs()
     assert max_diff(fresh_logprobs(bpe_qwen3_seed1, after), after) < 1e-4
-    assert back.output_ids == before.output_ids and back.meta_info.weight_version == "base"
+    assert back.output_ids == before.output_ids and back.meta_info.weight_version == "default"
 
 
-async def test_update_waits_for_running_requests_or_aborts_them(engine: EmbeddedEngineProcess, bpe_qwen3: Path,
-                                                                bpe_qwen3_seed1: Path) -> None:
+async def test_update_waits_for_running_requests_or_aborts_them(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
     long = GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=120, ignore_eos=True))
     async with EngineClient(engine.url, api_key=API_KEY) as client:
         v0 = (await client.model_info()).weight_version
         running = asyncio.create_task(client.generate(long))
         await asyncio.sleep(0.3)
-        update = asyncio.create_task(client.update_weights_from_disk(
-            UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="drained")))
+        update = asyncio.create_task(
+            client.update_weights_from_disk(
+                UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="drained")
+            )
+        )
         finished = await asyncio.wait_for(running, 60)
         await asyncio.wait_for(update, 60)
         # The request drained on the old weights: every token carries the old version.
@@ -100,25 +119,33 @@ async def test_update_waits_for_running_requests_or_aborts_them(engine: Embedded
 
         running = asyncio.create_task(client.generate(long.model_copy(update={"rid": "to-abort"})))
         await asyncio.sleep(0.3)
-        await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(
-            model_path=str(bpe_qwen3), weight_version="base", abort_all_requests=True))
+        await client.update_weights_from_disk(
+            UpdateWeightsFromDiskRequest(
+                model_path=str(scripted_qwen3), weight_version="default", abort_all_requests=True
+            )
+        )
         aborted = await asyncio.wait_for(running, 60)
     assert aborted.finish_type == "abort" and len(aborted.output_ids) < 120
 
 
-async def test_update_while_paused_in_place_mixes_versions(engine: EmbeddedEngineProcess, bpe_qwen3: Path,
-                                                           bpe_qwen3_seed1: Path) -> None:
+async def test_update_while_paused_in_place_mixes_versions(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
     async with EngineClient(engine.url, api_key=API_KEY) as client:
         v0 = (await client.model_info()).weight_version
-        task = asyncio.create_task(client.generate(GenerateRequest(
-            input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=200, ignore_eos=True))))
+        task = asyncio.create_task(
+            client.generate(
+                GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=200, ignore_eos=True))
+            )
+        )
         await asyncio.sleep(0.3)
         await client.pause_generation("in_place")
         reply = await client.update_weights_from_disk(
-            UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="mid"))
+            UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="mid")
+        )
         await client.continue_generation()
         out = await asyncio.wait_for(task, 60)
-        await restore(client, bpe_qwen3)
+        await restore(client, scripted_qwen3)
     assert reply.num_paused_requests == 1
     runs = out.meta_info.output_weight_versions  # type: ignore[attr-defined]
     assert [v for v, _ in runs] == [v0, "mid"] and sum(n for _, n in runs) == 200
@@ -133,14 +160,29 @@ async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProc
         assert info.value.status == 400 and "not a model folder" in str(info.value)
         async with httpx.AsyncClient(base_url=engine.url, headers={"Authorization": f"Bearer {API_KEY}"}) as http:
             bad_items = [
-                (UpdateWeightsFromTensorRequest(serialized_named_tensors=[encode_named_tensors(
-                    [("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))])]), "shape"),
-                (UpdateWeightsFromTensorRequest(serialized_named_tensors=[encode_named_tensors(
-                    [("no.such.weight", torch.zeros(3))])]), "unknown parameter"),
+                (
+                    UpdateWeightsFromTensorRequest(
+                        serialized_named_tensors=[
+                            encode_named_tensors([("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))])
+                        ]
+                    ),
+                    "shape",
+                ),
+                (
+                    UpdateWeightsFromTensorRequest(
+                        serialized_named_tensors=[encode_named_tensors([("no.such.weight", torch.zeros(3))])]
+                    ),
+                    "unknown parameter",
+                ),
                 (UpdateWeightsFromTensorRequest(serialized_named_tensors=["!!notbase64"]), "base64"),
-                (UpdateWeightsFromTensorRequest(serialized_named_tensors=[base64.b64encode(b"junk").decode()]),
-                 "safetensors"),
-                (UpdateWeightsFromTensorRequest(serialized_named_tensors=["eA=="], load_format="direct"), "never pickles"),
+                (
+                    UpdateWeightsFromTensorRequest(serialized_named_tensors=[base64.b64encode(b"junk").decode()]),
+                    "safetensors",
+                ),
+                (
+                    UpdateWeightsFromTensorRequest(serialized_named_tensors=["eA=="], load_format="direct"),
+                    "never pickles",
+                ),
             ]
             for body, fragment in bad_items:
                 resp = await http.post("/update_weights_from_tensor", json=body.model_dump(exclude_none=True))
@@ -154,14 +196,16 @@ async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProc
     assert info2.weight_version == before.meta_info.weight_version
 
 
-async def test_update_from_tensor_in_buckets(engine: EmbeddedEngineProcess, bpe_qwen3: Path,
-                                             bpe_qwen3_seed1: Path) -> None:
+async def test_update_from_tensor_in_buckets(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
     target = state_of(bpe_qwen3_seed1)
     async with EngineClient(engine.url, api_key=API_KEY) as client:
-        buckets = await push_weights_from_tensor(engine.url, target.items(), weight_version="mem-1", api_key=API_KEY,
-                                                 bucket_bytes=64 << 10)
+        buckets = await push_weights_from_tensor(
+            engine.url, target.items(), weight_version="mem-1", api_key=API_KEY, bucket_bytes=64 << 10
+        )
         out = await probe(client)
-        await restore(client, bpe_qwen3)
+        await restore(client, scripted_qwen3)
     assert buckets > 2
     assert out.meta_info.weight_version == "mem-1"
     assert max_diff(fresh_logprobs(bpe_qwen3_seed1, out), out) < 1e-4
@@ -173,11 +217,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def test_update_over_a_gloo_group(engine: EmbeddedEngineProcess, bpe_qwen3: Path, bpe_qwen3_seed1: Path) -> None:
+async def test_update_over_a_gloo_group(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
     """This process is rank 0 (the trainer); the engine process joins as rank 1."""
     target = state_of(bpe_qwen3_seed1)
-    sender = WeightBroadcaster([EngineTarget(engine.url, api_key=API_KEY)], master_port=free_port(),
-                               group_name="test_group", timeout_s=60)
+    sender = WeightBroadcaster(
+        [EngineTarget(engine.url, api_key=API_KEY)], master_port=free_port(), group_name="test_group", timeout_s=60
+    )
     await sender.init()
     try:
         async with httpx.AsyncClient() as http:
@@ -191,7 +238,7 @@ async def test_update_over_a_gloo_group(engine: EmbeddedEngineProcess, bpe_qwen3
     async with httpx.AsyncClient() as http:
         assert (await http.get(f"{engine.url}/get_server_info")).json()["weight_update_groups"] == []
     async with EngineClient(engine.url, api_key=API_KEY) as client:
-        await restore(client, bpe_qwen3)
+        await restore(client, scripted_qwen3)
     assert sent >= 2 and info.weight_version == "dist-1"
     assert max_diff(fresh_logprobs(bpe_qwen3_seed1, out), out) < 1e-4
 
@@ -199,15 +246,21 @@ async def test_update_over_a_gloo_group(engine: EmbeddedEngineProcess, bpe_qwen3
 async def test_distributed_requests_are_validated(engine: EmbeddedEngineProcess) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
     async with httpx.AsyncClient(base_url=engine.url, headers=headers) as http:
-        no_group = await http.post("/update_weights_from_distributed", json={
-            "names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "missing"})
+        no_group = await http.post(
+            "/update_weights_from_distributed",
+            json={"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "missing"},
+        )
         assert no_group.status_code == 400 and "no weight update group" in no_group.text
-        mismatch = await http.post("/update_weights_from_distributed", json={
-            "names": ["x", "y"], "dtypes": ["float32"], "shapes": [[1]]})
+        mismatch = await http.post(
+            "/update_weights_from_distributed", json={"names": ["x", "y"], "dtypes": ["float32"], "shapes": [[1]]}
+        )
         assert mismatch.status_code == 400 and "differ in length" in mismatch.text
-        bad_dtype = await http.post("/update_weights_from_distributed", json={
-            "names": ["x"], "dtypes": ["float99"], "shapes": [[1]]})
+        bad_dtype = await http.post(
+            "/update_weights_from_distributed", json={"names": ["x"], "dtypes": ["float99"], "shapes": [[1]]}
+        )
         assert bad_dtype.status_code == 400 and "unknown dtype" in bad_dtype.text
-        nccl = await http.post("/init_weights_update_group", json={
-            "master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2})
+        nccl = await http.post(
+            "/init_weights_update_group",
+            json={"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2},
+        )
         assert nccl.status_code == 400 and "gloo" in nccl.text

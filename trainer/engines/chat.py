@@ -129,9 +129,10 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
 
     def render() -> list[int]:
         try:
-            text = runner.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
-                                                        tokenize=False, **template_kwargs)
-        except Exception as exc:  # noqa: BLE001 -- template errors are the caller's input
+            text = runner.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False, **template_kwargs
+            )
+        except Exception as exc:
             raise BadRequest(f"cannot render the messages with the chat template: {exc}") from None
         return list(runner.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -144,8 +145,15 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
     gen_reqs = []
     for k in range(req.n):
         params = sampling.model_copy(update={"sampling_seed": None if req.seed is None else req.seed + k})
-        gen_reqs.append(GenerateRequest(input_ids=ids, image_data=images or None, sampling_params=params,
-                                        return_logprob=bool(req.logprobs), top_logprobs_num=top_n))
+        gen_reqs.append(
+            GenerateRequest(
+                input_ids=ids,
+                image_data=images or None,
+                sampling_params=params,
+                return_logprob=bool(req.logprobs),
+                top_logprobs_num=top_n,
+            )
+        )
     prepared = await service.prepare(gen_reqs[0])
     results = await asyncio.gather(*(service.submit(g, prepared, request) for g in gen_reqs))
 
@@ -168,14 +176,20 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
                 message["tool_calls"] = to_openai(calls)
                 message["content"] = strip_tool_calls(text) or None
                 finish = "tool_calls" if finish == "stop" else finish
-        choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish,
-                                  "matched_stop": meta["finish_reason"].get("matched")}
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": message,
+            "finish_reason": finish,
+            "matched_stop": meta["finish_reason"].get("matched"),
+        }
         if req.logprobs:
             tops = meta.get("output_top_logprobs") or [None] * len(res["output_ids"])
-            choice["logprobs"] = {"content": [
-                _logprob_entry(runner.tokenizer, int(t[1]), float(t[0]), top)
-                for t, top in zip(meta["output_token_logprobs"], tops, strict=True)
-            ]}
+            choice["logprobs"] = {
+                "content": [
+                    _logprob_entry(runner.tokenizer, int(t[1]), float(t[0]), top)
+                    for t, top in zip(meta["output_token_logprobs"], tops, strict=True)
+                ]
+            }
         choices.append(choice)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -183,8 +197,11 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
         "created": int(time.time()),
         "model": service.config.served_model_name,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
         "metadata": {"weight_version": service.engine.weight_version},
     }
 

@@ -65,30 +65,45 @@ def serve(opts: EmbeddedOptions) -> int:
     from .runner import ModelRunner
     from .server import EngineService, ServerConfig, build_app
 
-    logging.basicConfig(level=getattr(logging, opts.log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, opts.log_level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     if opts.threads:
         torch.set_num_threads(opts.threads)
     runner = ModelRunner(opts.model, dtype=opts.dtype)
-    engine = EngineCore(runner, max_batch_size=opts.max_batch_size, max_prefill_tokens=opts.max_prefill_tokens,
-                        logprob_mode=opts.logprob_mode, seed=opts.seed, weight_version=opts.weight_version,
-                        prefix_cache_tokens=opts.prefix_cache_tokens)
+    engine = EngineCore(
+        runner,
+        max_batch_size=opts.max_batch_size,
+        max_prefill_tokens=opts.max_prefill_tokens,
+        logprob_mode=opts.logprob_mode,
+        seed=opts.seed,
+        weight_version=opts.weight_version,
+        prefix_cache_tokens=opts.prefix_cache_tokens,
+    )
     config = ServerConfig(
-        model_path=str(Path(opts.model)), served_model_name=opts.served_model_name or Path(opts.model).name,
-        api_key=opts.api_key, protect_generation=opts.protect_generation, allow_media_paths=opts.allow_media_paths,
-        default_max_tokens=opts.default_max_tokens, reasoning_parser=opts.reasoning_parser,
+        model_path=str(Path(opts.model)),
+        served_model_name=opts.served_model_name or Path(opts.model).name,
+        api_key=opts.api_key,
+        protect_generation=opts.protect_generation,
+        allow_media_paths=opts.allow_media_paths,
+        default_max_tokens=opts.default_max_tokens,
+        reasoning_parser=opts.reasoning_parser,
     )
     app = build_app(EngineService(engine, config))
     sock = bind_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     engine.start()
-    server = uvicorn.Server(uvicorn.Config(app, log_level=opts.log_level, access_log=False, lifespan="off",
-                                           timeout_keep_alive=30))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=opts.log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
+    )
     if opts.port_file:
         tmp = f"{opts.port_file}.tmp"
         Path(tmp).write_text(str(port), encoding="utf-8")
         os.replace(tmp, opts.port_file)
-    logging.getLogger("relax_gym.engine").warning("embedded engine serving %s on http://%s:%d", opts.model, opts.host, port)
+    logging.getLogger("relax_gym.engine").warning(
+        "embedded engine serving %s on http://%s:%d", opts.model, opts.host, port
+    )
     try:
         server.run(sockets=[sock])
     finally:

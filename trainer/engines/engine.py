@@ -37,13 +37,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-
 from relax_gym.trainer.models.processing import VisionInputs
 
 from .kv import BatchKV
 from .prefix_cache import PrefixCache
 from .runner import ModelRunner, SeqInput
-from .sampling import LogprobMode, SamplingSpec, make_generator, prompt_logprobs, sample_next
+from .sampling import (
+    LogprobMode,
+    SamplingSpec,
+    make_generator,
+    prompt_logprobs,
+    sample_next,
+)
 
 log = logging.getLogger("relax_gym.engine")
 
@@ -120,9 +125,17 @@ class EngineStats:
 class EngineCore:
     """Continuous-batching scheduler around a :class:`ModelRunner` (see the module doc)."""
 
-    def __init__(self, runner: ModelRunner, *, max_batch_size: int = 32, max_prefill_tokens: int = 8192,
-                 logprob_mode: LogprobMode = "scaled", seed: int = 0, weight_version: str = "default",
-                 prefix_cache_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        max_batch_size: int = 32,
+        max_prefill_tokens: int = 8192,
+        logprob_mode: LogprobMode = "scaled",
+        seed: int = 0,
+        weight_version: str = "default",
+        prefix_cache_tokens: int = 0,
+    ) -> None:
         self.runner = runner
         self.max_batch_size = max(1, max_batch_size)
         self.max_prefill_tokens = max(1, max_prefill_tokens)
@@ -168,7 +181,9 @@ class EngineCore:
         """Abort one request by rid, or every request when ``rid`` is None."""
         self._inbox.put(("abort", (rid, message)))
 
-    def run_job(self, fn: Callable[[], Any], *, quiet: bool = False, abort_all: bool = False) -> concurrent.futures.Future[Any]:
+    def run_job(
+        self, fn: Callable[[], Any], *, quiet: bool = False, abort_all: bool = False
+    ) -> concurrent.futures.Future[Any]:
         """Run ``fn`` on the engine thread between steps; ``quiet`` waits for an idle or paused batch."""
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._inbox.put(("job", _Job(fn, fut, quiet, abort_all)))
@@ -216,7 +231,7 @@ class EngineCore:
                 if self._running and self._paused is None:
                     self._decode_step()
                     worked = True
-            except Exception as exc:  # noqa: BLE001 -- a failed step must not kill the engine
+            except Exception as exc:
                 self.stats.step_errors += 1
                 log.exception("engine step failed")
                 self._fail_all_running(exc)
@@ -269,7 +284,7 @@ class EngineCore:
                 self._abort(list(self._active.values()), "aborted for a weight update")
             try:
                 job.future.set_result(job.fn())
-            except Exception as exc:  # noqa: BLE001 -- reported to the caller
+            except Exception as exc:
                 job.future.set_exception(exc)
             ran = True
         return ran
@@ -334,7 +349,7 @@ class EngineCore:
                 break  # a cached-prefix request is prefilled on its own
         try:
             out = self.runner.prefill(inputs)
-        except Exception as exc:  # noqa: BLE001 -- fail these requests, keep serving
+        except Exception as exc:
             self.stats.step_errors += 1
             log.exception("prefill failed")
             for seq in batch:
@@ -348,8 +363,9 @@ class EngineCore:
                 seq.cached_tokens = inp.past_len
             seq.next_pos = out.next_positions[i]
             seq.rope_delta = out.rope_deltas[i]
-            if inp.want_prompt_logits and out.prompt_logits[i] is not None:
-                seq.input_logprobs = self._input_logprobs(seq, out.prompt_logits[i])
+            prompt_logits = out.prompt_logits[i]
+            if inp.want_prompt_logits and prompt_logits is not None:
+                seq.input_logprobs = self._input_logprobs(seq, prompt_logits)
             seq.prefilled_once = True
             if seq.spec.max_new_tokens <= len(seq.output_ids):
                 self._finish(seq, {"type": "length", "length": seq.spec.max_new_tokens})
@@ -381,19 +397,30 @@ class EngineCore:
         lo = max(start, 1)
         if lo < len(ids):
             targets = torch.tensor(ids[lo:])
-            values.extend(prompt_logprobs(logits[lo - 1:len(ids) - 1], targets, seq.spec.temperature, self.logprob_mode))
+            values.extend(
+                prompt_logprobs(logits[lo - 1 : len(ids) - 1], targets, seq.spec.temperature, self.logprob_mode)
+            )
         return values
 
     # -- decoding ------------------------------------------------------------------------------
     def _decode_step(self) -> None:
         assert self._kv is not None
         running = self._running
-        logits = self.runner.decode(self._kv, [s.output_ids[-1] for s in running],
-                                    [s.next_pos for s in running], [s.rope_delta for s in running])
+        logits = self.runner.decode(
+            self._kv,
+            [s.output_ids[-1] for s in running],
+            [s.next_pos for s in running],
+            [s.rope_delta for s in running],
+        )
         for s in running:
             s.next_pos += 1
-        sampled = sample_next(logits, [s.spec for s in running], [s.generator for s in running],
-                              [s.top_logprobs_num for s in running], self.logprob_mode)
+        sampled = sample_next(
+            logits,
+            [s.spec for s in running],
+            [s.generator for s in running],
+            [s.top_logprobs_num for s in running],
+            self.logprob_mode,
+        )
         keep: list[int] = []
         for i, seq in enumerate(running):
             if self._append(seq, sampled.tokens[i], sampled.logprobs[i], sampled.top_logprobs[i]):
@@ -442,8 +469,7 @@ class EngineCore:
 
     def _matched_stop(self, seq: Sequence) -> str | None:
         window = max(len(s) for s in seq.spec.stop_strings) + 4
-        tail = self.runner.tokenizer.decode(seq.output_ids[-window:],
-                                            skip_special_tokens=seq.spec.skip_special_tokens)
+        tail = self.runner.tokenizer.decode(seq.output_ids[-window:], skip_special_tokens=seq.spec.skip_special_tokens)
         for stop in seq.spec.stop_strings:
             if stop in tail:
                 return stop
@@ -485,7 +511,7 @@ class EngineCore:
         self.stats.requests_done += 1
         try:
             seq.deliver(self._result(seq))
-        except Exception:  # noqa: BLE001 -- a broken callback must not stop the engine
+        except Exception:
             log.exception("delivering %s failed", seq.rid)
 
     def _result(self, seq: Sequence) -> dict[str, Any]:
@@ -508,10 +534,14 @@ class EngineCore:
             "output_weight_versions": [[v, len(list(g))] for v, g in itertools.groupby(seq.output_versions)],
         }
         if seq.return_logprob:
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)]
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)
+            ]
             if seq.input_logprobs is not None:
                 start = max(0, seq.logprob_start_len)
-                meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(seq.input_logprobs, seq.prompt_ids[start:], strict=False)]
+                meta["input_token_logprobs"] = [
+                    [lp, t, None] for lp, t in zip(seq.input_logprobs, seq.prompt_ids[start:], strict=False)
+                ]
             if seq.top_logprobs_num > 0:
                 meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in (top or [])] for top in seq.output_top]
         return {"text": text, "output_ids": list(seq.output_ids), "meta_info": meta}
@@ -528,14 +558,30 @@ class EngineCore:
             job.future.set_exception(RuntimeError("engine shut down"))
 
 
-def make_sequence(engine: EngineCore, *, rid: str, prompt_ids: list[int], spec: SamplingSpec, deliver: Deliver,
-                  vision: VisionInputs | None = None, seed: int | None = None, return_logprob: bool = False,
-                  logprob_start_len: int = -1, top_logprobs_num: int = 0) -> Sequence:
+def make_sequence(
+    engine: EngineCore,
+    *,
+    rid: str,
+    prompt_ids: list[int],
+    spec: SamplingSpec,
+    deliver: Deliver,
+    vision: VisionInputs | None = None,
+    seed: int | None = None,
+    return_logprob: bool = False,
+    logprob_start_len: int = -1,
+    top_logprobs_num: int = 0,
+) -> Sequence:
     """A :class:`Sequence` with its own generator (``seed`` or the engine's next seed)."""
     return Sequence(
-        rid=rid, prompt_ids=prompt_ids, spec=spec, deliver=deliver, vision=vision,
+        rid=rid,
+        prompt_ids=prompt_ids,
+        spec=spec,
+        deliver=deliver,
+        vision=vision,
         generator=make_generator(engine.next_seed() if seed is None else seed),
-        return_logprob=return_logprob, logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+        return_logprob=return_logprob,
+        logprob_start_len=logprob_start_len,
+        top_logprobs_num=top_logprobs_num,
     )
 
 

@@ -11,6 +11,7 @@ Both are O(cache) copies done once per admission or retirement, not per decode s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -23,6 +24,14 @@ def _pad_left(t: torch.Tensor, length: int, dim: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = missing
     return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+def _keys_values(layer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A dynamic attention layer's cached keys and values (every layer of the models we serve)."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise TypeError(f"unsupported cache layer {type(layer).__name__}: expected keys/values tensors")
+    return keys, values
 
 
 @dataclass
@@ -45,7 +54,7 @@ class BatchKV:
         return int(self.mask.shape[1])
 
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(layer.keys, layer.values) for layer in self.cache.layers]
+        return [_keys_values(layer) for layer in self.cache.layers]
 
     def step_mask(self) -> torch.Tensor:
         """The attention mask for one more token per row (what a decode step attends to)."""
@@ -65,15 +74,19 @@ class BatchKV:
         idx = torch.tensor(rows, dtype=torch.long)
         mask = self.mask.index_select(0, idx)
         keep_from = int(self.length - mask.sum(dim=1).max().item())
-        layers = [(k.index_select(0, idx)[:, :, keep_from:], v.index_select(0, idx)[:, :, keep_from:])
-                  for k, v in self.layers()]
+        layers = [
+            (k.index_select(0, idx)[:, :, keep_from:], v.index_select(0, idx)[:, :, keep_from:])
+            for k, v in self.layers()
+        ]
         return BatchKV.from_layers(layers, mask[:, keep_from:].contiguous())
 
     def extract_row(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The unpadded ``[1, heads, n, head_dim]`` tensors of one row (for prefix reuse)."""
         n = int(self.mask[row].sum().item())
-        return [(k[row:row + 1, :, self.length - n:].clone(), v[row:row + 1, :, self.length - n:].clone())
-                for k, v in self.layers()]
+        return [
+            (k[row : row + 1, :, self.length - n :].clone(), v[row : row + 1, :, self.length - n :].clone())
+            for k, v in self.layers()
+        ]
 
     @staticmethod
     def concat(parts: list[BatchKV]) -> BatchKV:
@@ -83,9 +96,10 @@ class BatchKV:
         length = max(p.length for p in parts)
         layer_count = len(parts[0].cache.layers)
         layers = []
+        per_part = [p.layers() for p in parts]
         for li in range(layer_count):
-            ks = [_pad_left(p.cache.layers[li].keys, length, 2) for p in parts]
-            vs = [_pad_left(p.cache.layers[li].values, length, 2) for p in parts]
+            ks = [_pad_left(kv[li][0], length, 2) for kv in per_part]
+            vs = [_pad_left(kv[li][1], length, 2) for kv in per_part]
             layers.append((torch.cat(ks, dim=0), torch.cat(vs, dim=0)))
         mask = torch.cat([_pad_left(p.mask, length, 1) for p in parts], dim=0)
         return BatchKV.from_layers(layers, mask)

@@ -38,8 +38,14 @@ def log_tail(path: str | Path | None, lines: int = 40) -> str:
 class ServerProcess:
     """A child process serving HTTP; its output goes to ``log_file``."""
 
-    def __init__(self, command: list[str], *, log_file: str | Path,
-                 env: dict[str, str] | None = None, health_headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        log_file: str | Path,
+        env: dict[str, str] | None = None,
+        health_headers: dict[str, str] | None = None,
+    ) -> None:
         self.command = command
         self.log_file = Path(log_file)
         self.env = env
@@ -53,9 +59,10 @@ class ServerProcess:
 
     def start(self) -> None:
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_file, "ab")  # noqa: SIM115 -- closed in stop()
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self._log = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(
+            self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
 
     def wait_healthy(self, url_fn: Any, *, timeout_s: float, poll_s: float = 0.2) -> None:
         """Poll ``url_fn()`` (a URL or None while unknown) until it answers 200, or fail."""
@@ -110,15 +117,36 @@ class ServerProcess:
 class EmbeddedEngineProcess(ServerProcess):
     """``relax-gym engine serve --model PATH`` on 127.0.0.1 and a free port."""
 
-    def __init__(self, model: str | Path, *, port: int = 0, api_key: str | None = None,
-                 extra_args: list[str] | None = None, log_file: str | Path | None = None,
-                 threads: int | None = None, startup_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        port: int = 0,
+        api_key: str | None = None,
+        extra_args: list[str] | None = None,
+        log_file: str | Path | None = None,
+        threads: int | None = None,
+        startup_timeout_s: float = 120.0,
+    ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="relax-gym-engine-"))
         self.port_file = self._dir / "port"
         self.api_key = api_key
         self.startup_timeout_s = startup_timeout_s
-        command = [sys.executable, "-m", "relax_gym.cli.main", "engine", "serve", "--model", str(model),
-                   "--host", "127.0.0.1", "--port", str(port), "--port-file", str(self.port_file)]
+        command = [
+            sys.executable,
+            "-m",
+            "relax_gym.cli.main",
+            "engine",
+            "serve",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-file",
+            str(self.port_file),
+        ]
         if threads:
             command += ["--threads", str(threads)]
         if api_key:
@@ -140,7 +168,7 @@ class EmbeddedEngineProcess(ServerProcess):
             self.port = int(self.port_file.read_text())
         return f"{self.url}/health" if self.port is not None else None
 
-    def start(self) -> None:  # type: ignore[override]
+    def start(self) -> None:
         super().start()
         self.wait_healthy(self._read_port, timeout_s=self.startup_timeout_s)
 

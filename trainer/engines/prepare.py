@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
+from relax_gym.trainer.models.processing import (
+    VisionInputError,
+    VisionInputs,
+    prepare_vision_inputs,
+)
 
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.media import load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
-from relax_gym.trainer.models.processing import VisionInputError, VisionInputs, prepare_vision_inputs
 
 from .runner import ModelRunner
 from .sampling import SamplingSpec
@@ -50,7 +54,9 @@ class PreparedPrompt:
     vision: VisionInputs | None = None
 
 
-def resolve_sampling(params: SamplingParams, runner: ModelRunner, *, max_new_tokens_cap: int | None = None) -> SamplingSpec:
+def resolve_sampling(
+    params: SamplingParams, runner: ModelRunner, *, max_new_tokens_cap: int | None = None
+) -> SamplingSpec:
     """Validate SGLang ``sampling_params`` and resolve them for the sampler."""
     extra = params.model_extra or {}
     for key, neutral in UNSUPPORTED_SAMPLING.items():
@@ -73,10 +79,16 @@ def resolve_sampling(params: SamplingParams, runner: ModelRunner, *, max_new_tok
     if max_new_tokens_cap is not None and max_new > max_new_tokens_cap:
         raise BadRequest(f"max_new_tokens={max_new} exceeds this engine's limit of {max_new_tokens_cap}")
     return SamplingSpec(
-        temperature=float(params.temperature), top_p=float(params.top_p), top_k=int(params.top_k),
-        min_p=float(params.min_p), max_new_tokens=int(max_new), stop_strings=stops,
-        stop_token_ids=stop_ids, ignore_eos=bool(params.ignore_eos),
-        skip_special_tokens=bool(params.skip_special_tokens), no_stop_trim=bool(params.no_stop_trim),
+        temperature=float(params.temperature),
+        top_p=float(params.top_p),
+        top_k=int(params.top_k),
+        min_p=float(params.min_p),
+        max_new_tokens=int(max_new),
+        stop_strings=stops,
+        stop_token_ids=stop_ids,
+        ignore_eos=bool(params.ignore_eos),
+        skip_special_tokens=bool(params.skip_special_tokens),
+        no_stop_trim=bool(params.no_stop_trim),
     )
 
 
@@ -111,7 +123,9 @@ def prepare_prompt(req: GenerateRequest, runner: ModelRunner, *, allow_media_pat
         ids = [int(t) for t in req.input_ids]
         bad = [t for t in ids if not 0 <= t < runner.vocab_size]
         if bad:
-            raise BadRequest(f"input_ids hold {len(bad)} id(s) outside the vocabulary [0, {runner.vocab_size}): {bad[:5]}")
+            raise BadRequest(
+                f"input_ids hold {len(bad)} id(s) outside the vocabulary [0, {runner.vocab_size}): {bad[:5]}"
+            )
     else:
         ids = list(runner.tokenizer(req.text or "", add_special_tokens=False)["input_ids"])
     if not ids:
@@ -137,4 +151,11 @@ def prepare_prompt(req: GenerateRequest, runner: ModelRunner, *, allow_media_pat
     return PreparedPrompt(input_ids=ids, vision=vision if vision is not None and vision.num_images else None)
 
 
-__all__ = ["UNSUPPORTED_SAMPLING", "BadRequest", "PreparedPrompt", "decode_images", "prepare_prompt", "resolve_sampling"]
+__all__ = [
+    "UNSUPPORTED_SAMPLING",
+    "BadRequest",
+    "PreparedPrompt",
+    "decode_images",
+    "prepare_prompt",
+    "resolve_sampling",
+]

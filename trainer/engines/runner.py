@@ -68,8 +68,9 @@ def _model_class(config: Any) -> Any:
 class ModelRunner:
     """A HF causal LM (optionally Qwen-VL) on CPU, driven one batched step at a time."""
 
-    def __init__(self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu",
-                 logits_to_keep_prompt: bool = True) -> None:
+    def __init__(
+        self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu", logits_to_keep_prompt: bool = True
+    ) -> None:
         from transformers import AutoConfig, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -87,10 +88,15 @@ class ModelRunner:
         self.image_processor = None
         self.vision_tokens = None
         if self.is_vision:
-            from relax_gym.trainer.models.processing import VisionTokens, load_image_processor
+            from relax_gym.trainer.models.processing import (
+                VisionTokens,
+                load_image_processor,
+            )
 
             self.image_processor = load_image_processor(self.model_path)
-            self.vision_tokens = VisionTokens.from_config(self.config, getattr(self.image_processor, "merge_size", None))
+            self.vision_tokens = VisionTokens.from_config(
+                self.config, getattr(self.image_processor, "merge_size", None)
+            )
         self.eos_token_ids = self._eos_ids()
         self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self.stats = RunnerStats()
@@ -160,10 +166,12 @@ class ModelRunner:
         except (OSError, ValueError, json.JSONDecodeError) as exc:
             raise WeightUpdateError(f"{folder}: unreadable config: {exc}") from None
         if type(config) is not type(self.config):
-            raise WeightUpdateError(f"{folder}: architecture {type(config).__name__} != served {type(self.config).__name__}")
+            raise WeightUpdateError(
+                f"{folder}: architecture {type(config).__name__} != served {type(self.config).__name__}"
+            )
         try:
             fresh = _model_class(config).from_pretrained(str(folder), dtype=self.dtype)
-        except Exception as exc:  # noqa: BLE001 -- any loader failure is a failed update, not a crash
+        except Exception as exc:
             raise WeightUpdateError(f"{folder}: cannot load weights: {type(exc).__name__}: {exc}") from None
         return self.load_named_tensors(fresh.state_dict().items())
 
@@ -214,21 +222,22 @@ class ModelRunner:
         rope_pos = torch.zeros((3, batch, length), dtype=torch.long) if self.is_vision else None
         for i, (s, (pos, _)) in enumerate(zip(seqs, positions, strict=True)):
             n = len(s.input_ids)
-            ids[i, length - n:] = torch.tensor(s.input_ids)
-            mask[i, length - n:] = 1
-            text_pos[i, length - n:] = torch.arange(n)
+            ids[i, length - n :] = torch.tensor(s.input_ids)
+            mask[i, length - n :] = 1
+            text_pos[i, length - n :] = torch.arange(n)
             if rope_pos is not None:
-                rope_pos[:, i, length - n:] = pos
+                rope_pos[:, i, length - n :] = pos
         kwargs: dict[str, Any] = {
             "input_ids": ids.to(self.device),
             "attention_mask": mask.to(self.device),
             "position_ids": self._position_ids(text_pos, rope_pos).to(self.device),
             "cache": DynamicCache(),
         }
-        images = [s for s in seqs if s.pixel_values is not None]
-        if images:
-            kwargs["pixel_values"] = torch.cat([s.pixel_values for s in images], dim=0).to(self.device, self.dtype)
-            kwargs["image_grid_thw"] = torch.cat([s.image_grid_thw for s in images], dim=0).to(self.device)
+        pixels = [s.pixel_values for s in seqs if s.pixel_values is not None]
+        grids = [s.image_grid_thw for s in seqs if s.image_grid_thw is not None]
+        if pixels:
+            kwargs["pixel_values"] = torch.cat(pixels, dim=0).to(self.device, self.dtype)
+            kwargs["image_grid_thw"] = torch.cat(grids, dim=0).to(self.device)
         want_full = any(s.want_prompt_logits for s in seqs)
         if not want_full:
             kwargs["logits_to_keep"] = 1
@@ -237,7 +246,7 @@ class ModelRunner:
         prompt_logits: list[torch.Tensor | None] = []
         for i, s in enumerate(seqs):
             n = len(s.input_ids)
-            prompt_logits.append(logits[i, length - n:].float() if s.want_prompt_logits else None)
+            prompt_logits.append(logits[i, length - n :].float() if s.want_prompt_logits else None)
         return PrefillOutput(
             last_logits=logits[:, -1].float(),
             prompt_logits=prompt_logits,

@@ -74,8 +74,11 @@ def _sample_truncated(row: torch.Tensor, lse: torch.Tensor, spec: SamplingSpec, 
     c = min(k, _CANDIDATES)
     vals, ids = torch.topk(row, c)
     probs = (vals - lse).exp()  # probabilities under the full (scaled) distribution
-    exact = c == k or (spec.top_p < 1.0 and float(probs.sum()) >= spec.top_p) or (
-        spec.min_p > 0.0 and float(probs[-1]) < spec.min_p * float(probs[0]))
+    exact = (
+        c == k
+        or (spec.top_p < 1.0 and float(probs.sum()) >= spec.top_p)
+        or (spec.min_p > 0.0 and float(probs[-1]) < spec.min_p * float(probs[0]))
+    )
     if exact:
         mass = probs.sum() if c == k else torch.tensor(1.0)
     else:
@@ -95,8 +98,13 @@ def _sample_truncated(row: torch.Tensor, lse: torch.Tensor, spec: SamplingSpec, 
     return int(ids[j])
 
 
-def sample_next(logits: torch.Tensor, specs: list[SamplingSpec], generators: list[torch.Generator],
-                top_logprobs_num: list[int] | None = None, mode: LogprobMode = "scaled") -> SampleOutput:
+def sample_next(
+    logits: torch.Tensor,
+    specs: list[SamplingSpec],
+    generators: list[torch.Generator],
+    top_logprobs_num: list[int] | None = None,
+    mode: LogprobMode = "scaled",
+) -> SampleOutput:
     """Pick one token per row of ``logits`` ([B, V], float32) and its reported logprob.
 
     Works on unnormalised ``exp(scaled - max)`` and a cumulative sum per row, so a step costs a
@@ -142,8 +150,9 @@ def sample_next(logits: torch.Tensor, specs: list[SamplingSpec], generators: lis
     return SampleOutput(tokens=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=tops)
 
 
-def prompt_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    mode: LogprobMode = "scaled") -> list[float]:
+def prompt_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, mode: LogprobMode = "scaled"
+) -> list[float]:
     """Logprob of ``targets[j]`` under ``logits[j]`` (the position before it), same convention."""
     t = temperature if (temperature > 0 and mode == "scaled") else 1.0
     lp = torch.log_softmax(logits.float() / t, dim=-1)

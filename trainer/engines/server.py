@@ -95,8 +95,9 @@ class HTTPError(Exception):
 
 
 def error_response(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"object": "error", "error": {"message": message, "type": kind, "code": status}},
-                        status_code=status)
+    return JSONResponse(
+        {"object": "error", "error": {"message": message, "type": kind, "code": status}}, status_code=status
+    )
 
 
 class EngineService:
@@ -117,8 +118,9 @@ class EngineService:
     async def read_json(self, request: Request) -> Any:
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.config.max_request_bytes:
-            raise HTTPError(413, f"request body of {length} bytes exceeds {self.config.max_request_bytes}",
-                            "PayloadTooLarge")
+            raise HTTPError(
+                413, f"request body of {length} bytes exceeds {self.config.max_request_bytes}", "PayloadTooLarge"
+            )
         body = await request.body()
         if not body:
             return {}
@@ -149,8 +151,9 @@ class EngineService:
 
     # -- generation ---------------------------------------------------------------------------
     async def prepare(self, req: GenerateRequest) -> PreparedPrompt:
-        return await run_in_threadpool(prepare_prompt, req, self.runner,
-                                       allow_media_paths=self.config.allow_media_paths)
+        return await run_in_threadpool(
+            prepare_prompt, req, self.runner, allow_media_paths=self.config.allow_media_paths
+        )
 
     async def submit(self, req: GenerateRequest, prepared: PreparedPrompt, request: Request | None) -> dict[str, Any]:
         """Run one prepared request through the engine and return SGLang's reply dict."""
@@ -163,13 +166,23 @@ class EngineService:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
-        def deliver(result: Any) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(result))
+        def settle(result: Any) -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        def deliver(result: Any) -> None:  # called on the engine thread
+            loop.call_soon_threadsafe(settle, result)
 
         seq = make_sequence(
-            self.engine, rid=rid, prompt_ids=prepared.input_ids, spec=spec, deliver=deliver,
-            vision=prepared.vision, seed=req.sampling_params.sampling_seed,
-            return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+            self.engine,
+            rid=rid,
+            prompt_ids=prepared.input_ids,
+            spec=spec,
+            deliver=deliver,
+            vision=prepared.vision,
+            seed=req.sampling_params.sampling_seed,
+            return_logprob=req.return_logprob,
+            logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num,
         )
         self.in_flight += 1
@@ -213,7 +226,7 @@ def _route(service: EngineService, fn: Callable[[Request], Awaitable[Response]],
         except (BadRequest, WeightTransportError) as exc:
             service.engine.stats.bad_requests += 1
             return error_response(400, str(exc), "BadRequestError")
-        except Exception as exc:  # noqa: BLE001 -- report, keep serving
+        except Exception as exc:
             log.exception("unhandled error on %s", request.url.path)
             return error_response(500, f"{type(exc).__name__}: {exc}", "InternalServerError")
 
@@ -234,23 +247,45 @@ def build_app(service: EngineService) -> Starlette:
         return Response(status_code=200)
 
     async def model_info(request: Request) -> Response:
-        return JSONResponse({
-            "model_path": cfg.model_path, "tokenizer_path": cfg.model_path, "is_generation": True,
-            "weight_version": engine.weight_version, "served_model_name": cfg.served_model_name,
-            "has_image_understanding": runner.is_vision, "max_context_length": runner.max_context,
-            "vocab_size": runner.vocab_size,
-        })
+        return JSONResponse(
+            {
+                "model_path": cfg.model_path,
+                "tokenizer_path": cfg.model_path,
+                "is_generation": True,
+                "weight_version": engine.weight_version,
+                "served_model_name": cfg.served_model_name,
+                "has_image_understanding": runner.is_vision,
+                "max_context_length": runner.max_context,
+                "vocab_size": runner.vocab_size,
+            }
+        )
 
     async def server_info(request: Request) -> Response:
-        return JSONResponse({**engine.snapshot(), "in_flight_http": service.in_flight,
-                             "unauthorized_requests": service.unauthorized,
-                             "weight_update_groups": service.receiver.group_names,
-                             "logprob_mode": engine.logprob_mode})
+        return JSONResponse(
+            {
+                **engine.snapshot(),
+                "in_flight_http": service.in_flight,
+                "unauthorized_requests": service.unauthorized,
+                "weight_update_groups": service.receiver.group_names,
+                "logprob_mode": engine.logprob_mode,
+            }
+        )
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": cfg.served_model_name, "object": "model", "created": int(engine.stats.started),
-             "owned_by": "relax-gym", "root": cfg.model_path}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": cfg.served_model_name,
+                        "object": "model",
+                        "created": int(engine.stats.started),
+                        "owned_by": "relax-gym",
+                        "root": cfg.model_path,
+                    }
+                ],
+            }
+        )
 
     async def chat(request: Request) -> Response:
         return JSONResponse(await chat_completions(service, request))
@@ -284,15 +319,19 @@ def build_app(service: EngineService) -> Starlette:
             start = time.perf_counter()
             count = load()
             engine.after_weight_update(version)
-            return {"success": True, "num_paused_requests": engine.held_count(),
-                    "message": f"loaded {count} tensors in {time.perf_counter() - start:.3f} s; "
-                               f"weight_version={engine.weight_version}"}
+            return {
+                "success": True,
+                "num_paused_requests": engine.held_count(),
+                "message": f"loaded {count} tensors in {time.perf_counter() - start:.3f} s; "
+                f"weight_version={engine.weight_version}",
+            }
 
         try:
             result = await asyncio.wrap_future(engine.run_job(job, quiet=True, abort_all=abort_all))
         except (WeightUpdateError, WeightTransportError) as exc:
-            return JSONResponse({"success": False, "message": str(exc), "num_paused_requests": engine.held_count()},
-                                status_code=400)
+            return JSONResponse(
+                {"success": False, "message": str(exc), "num_paused_requests": engine.held_count()}, status_code=400
+            )
         return JSONResponse(result)
 
     async def update_from_disk(request: Request) -> Response:
@@ -302,10 +341,14 @@ def build_app(service: EngineService) -> Starlette:
     async def update_from_tensor(request: Request) -> Response:
         req = await service.parse(request, UpdateWeightsFromTensorRequest)
         if req.load_format not in (None, "safetensors"):
-            raise HTTPError(400, f"load_format {req.load_format!r} is not accepted: the embedded engine takes "
-                                 "base64 safetensors blobs (load_format='safetensors'), never pickles")
-        named = await run_in_threadpool(lambda: [nt for item in req.serialized_named_tensors
-                                                 for nt in decode_named_tensors(item)])
+            raise HTTPError(
+                400,
+                f"load_format {req.load_format!r} is not accepted: the embedded engine takes "
+                "base64 safetensors blobs (load_format='safetensors'), never pickles",
+            )
+        named = await run_in_threadpool(
+            lambda: [nt for item in req.serialized_named_tensors for nt in decode_named_tensors(item)]
+        )
         return await _update(lambda: runner.load_named_tensors(named), req.weight_version, req.abort_all_requests)
 
     async def init_group(request: Request) -> Response:
@@ -329,7 +372,9 @@ def build_app(service: EngineService) -> Starlette:
 
     async def destroy_group(request: Request) -> Response:
         data = await service.read_json(request)
-        name = (data or {}).get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
+        name = (
+            (data or {}).get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
+        )
         ok = service.receiver.destroy_group(str(name))
         return JSONResponse({"success": ok, "message": "destroyed" if ok else f"no group {name!r}"})
 

@@ -62,8 +62,19 @@ def gpu_available() -> bool:
 
 def build_command(opts: SGLangOptions) -> list[str]:
     """The ``python -m sglang.launch_server`` command line for ``opts``."""
-    cmd = [opts.python, "-m", "sglang.launch_server", "--model-path", opts.model,
-           "--host", opts.host, "--port", str(opts.port), "--tp-size", str(opts.tp)]
+    cmd = [
+        opts.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        opts.model,
+        "--host",
+        opts.host,
+        "--port",
+        str(opts.port),
+        "--tp-size",
+        str(opts.tp),
+    ]
     if opts.mem_fraction_static is not None:
         cmd += ["--mem-fraction-static", str(opts.mem_fraction_static)]
     if opts.api_key:
@@ -88,7 +99,7 @@ class SGLangServer(ServerProcess):
     def url(self) -> str:
         return f"http://{self.opts.host}:{self.opts.port}"
 
-    def start(self) -> None:  # type: ignore[override]
+    def start(self) -> None:
         if not sglang_available():
             raise ServerStartError("sglang is not installed (pip install 'relax-gym[sglang]' on a GPU machine)")
         super().start()

@@ -47,7 +47,7 @@ def fallback_parse(text: str) -> list[ParsedCall]:
 
 def _hermes_parser() -> Any | None:
     try:
-        from relax_gym.tools import get_parser  # type: ignore[attr-defined]
+        from relax_gym.tools import get_parser
 
         return get_parser("hermes")
     except (ImportError, AttributeError, KeyError, ValueError):
@@ -62,7 +62,7 @@ def parse_tool_calls(text: str) -> tuple[list[ParsedCall], str]:
             parse = parser.parse if hasattr(parser, "parse") else parser
             action = parse(text)
             return [ParsedCall(c.name, dict(c.arguments)) for c in action.tool_calls], "hermes"
-        except Exception:  # noqa: BLE001 -- a parser bug must not fail the completion
+        except Exception:
             pass
     return fallback_parse(text), "fallback"
 
@@ -74,8 +74,11 @@ def strip_tool_calls(text: str) -> str:
 
 def to_openai(calls: list[ParsedCall]) -> list[dict[str, Any]]:
     return [
-        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-         "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
         for c in calls
     ]
 

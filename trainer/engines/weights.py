@@ -100,9 +100,15 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
         yield bucket
 
 
-async def push_weights_from_tensor(base_url: str, named: Iterable[tuple[str, torch.Tensor]], *,
-                                   weight_version: str | None = None, api_key: str | None = None,
-                                   bucket_bytes: int = 256 << 20, timeout_s: float = 600.0) -> int:
+async def push_weights_from_tensor(
+    base_url: str,
+    named: Iterable[tuple[str, torch.Tensor]],
+    *,
+    weight_version: str | None = None,
+    api_key: str | None = None,
+    bucket_bytes: int = 256 << 20,
+    timeout_s: float = 600.0,
+) -> int:
     """Send weights to one engine over ``/update_weights_from_tensor``, bucket by bucket.
 
     Only the last bucket carries ``weight_version``, so the version flips once every tensor is in.
@@ -151,16 +157,27 @@ class GroupHandle:
     world_size: int
 
 
-def new_process_group(master_address: str, master_port: int, rank: int, world_size: int, *,
-                      group_name: str, backend: str = "gloo", timeout_s: float = 600.0) -> GroupHandle:
+def new_process_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    *,
+    group_name: str,
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+) -> GroupHandle:
     """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
     timeout = _dt.timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
     prefixed = dist.PrefixStore(group_name, store)
+    group: Any
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
     elif backend == "nccl":  # trainer side against SGLang on GPUs
-        group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     else:
         raise WeightTransportError(f"unsupported backend {backend!r}; expected 'gloo' or 'nccl'")
     return GroupHandle(group, store, rank, world_size)
@@ -199,8 +216,14 @@ class WeightReceiver:
         if not 0 < rank < req.world_size:
             raise WeightTransportError(f"rank_offset {rank} is outside 1..{req.world_size - 1}")
         self._groups[req.group_name] = new_process_group(
-            req.master_address, req.master_port, rank, req.world_size,
-            group_name=req.group_name, backend="gloo", timeout_s=self.timeout_s)
+            req.master_address,
+            req.master_port,
+            rank,
+            req.world_size,
+            group_name=req.group_name,
+            backend="gloo",
+            timeout_s=self.timeout_s,
+        )
 
     def destroy_group(self, group_name: str) -> bool:
         return self._groups.pop(group_name, None) is not None
@@ -210,8 +233,9 @@ class WeightReceiver:
         entry = self._groups.get(req.group_name)
         if entry is None:
             raise WeightTransportError(f"no weight update group {req.group_name!r}; call /init_weights_update_group")
-        tensors = [torch.empty(tuple(shape), dtype=parse_dtype(dt))
-                   for dt, shape in zip(req.dtypes, req.shapes, strict=True)]
+        tensors = [
+            torch.empty(tuple(shape), dtype=parse_dtype(dt)) for dt, shape in zip(req.dtypes, req.shapes, strict=True)
+        ]
         broadcast(entry, tensors, root=0)
         return list(zip(req.names, tensors, strict=True))
 
@@ -248,8 +272,16 @@ class WeightBroadcaster:
     ``/update_weights_from_distributed`` to every engine and broadcasts the tensors meanwhile.
     """
 
-    def __init__(self, engines: list[EngineTarget], *, master_address: str = "127.0.0.1", master_port: int,
-                 group_name: str = "weight_update_group", backend: str = "gloo", timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        engines: list[EngineTarget],
+        *,
+        master_address: str = "127.0.0.1",
+        master_port: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ) -> None:
         self.engines = engines
         self.master_address = master_address
         self.master_port = master_port
@@ -265,14 +297,32 @@ class WeightBroadcaster:
         for e in self.engines:
             offsets.append(offset)
             offset += e.ranks
-        calls = [asyncio.create_task(c.init_weights_update_group(InitWeightsUpdateGroupRequest(
-            master_address=self.master_address, master_port=self.master_port, rank_offset=off,
-            world_size=self.world_size, group_name=self.group_name, backend=self.backend)))
-            for c, off in zip(self._clients, offsets, strict=True)]
+        calls = [
+            asyncio.create_task(
+                c.init_weights_update_group(
+                    InitWeightsUpdateGroupRequest(
+                        master_address=self.master_address,
+                        master_port=self.master_port,
+                        rank_offset=off,
+                        world_size=self.world_size,
+                        group_name=self.group_name,
+                        backend=self.backend,
+                    )
+                )
+            )
+            for c, off in zip(self._clients, offsets, strict=True)
+        ]
         try:
             self._group = await asyncio.to_thread(
-                new_process_group, self.master_address, self.master_port, 0, self.world_size,
-                group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s)
+                new_process_group,
+                self.master_address,
+                self.master_port,
+                0,
+                self.world_size,
+                group_name=self.group_name,
+                backend=self.backend,
+                timeout_s=self.timeout_s,
+            )
         finally:
             replies = await asyncio.gather(*calls, return_exceptions=True)
         for e, r in zip(self.engines, replies, strict=True):
@@ -281,16 +331,24 @@ class WeightBroadcaster:
             if not r.success:
                 raise EngineError(e.base_url + "/init_weights_update_group", r.message)
 
-    async def push(self, named: Iterable[tuple[str, torch.Tensor]], *, weight_version: str | None = None,
-                   bucket_bytes: int = 256 << 20, abort_all_requests: bool = False) -> int:
+    async def push(
+        self,
+        named: Iterable[tuple[str, torch.Tensor]],
+        *,
+        weight_version: str | None = None,
+        bucket_bytes: int = 256 << 20,
+        abort_all_requests: bool = False,
+    ) -> int:
         """Broadcast ``named`` to every engine; the last bucket sets ``weight_version``."""
         if self._group is None:
             raise WeightTransportError("call init() before push()")
         groups = list(buckets(((n, t.detach().cpu().contiguous()) for n, t in named), bucket_bytes))
         for i, group in enumerate(groups):
             req = UpdateWeightsFromDistributedRequest(
-                names=[n for n, _ in group], dtypes=[dtype_name(t.dtype) for _, t in group],
-                shapes=[list(t.shape) for _, t in group], group_name=self.group_name,
+                names=[n for n, _ in group],
+                dtypes=[dtype_name(t.dtype) for _, t in group],
+                shapes=[list(t.shape) for _, t in group],
+                group_name=self.group_name,
                 weight_version=weight_version if i == len(groups) - 1 else None,
                 abort_all_requests=abort_all_requests,
             )

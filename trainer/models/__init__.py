@@ -15,7 +15,13 @@ from .processing import (
     load_image_processor,
     prepare_vision_inputs,
 )
-from .tiny import KINDS, TinyModelError, build_tiny_model, folder_size_bytes, normalize_kind
+from .tiny import (
+    KINDS,
+    TinyModelError,
+    build_tiny_model,
+    folder_size_bytes,
+    normalize_kind,
+)
 from .tokenizer import (
     QWEN_SPECIAL_TOKENS,
     TokenizerFilesMissing,

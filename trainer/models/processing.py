@@ -43,13 +43,13 @@ class VisionTokens:
     @classmethod
     def from_config(cls, config: Any, merge_size: int | None = None) -> VisionTokens:
         """Read the ids from a Qwen3-VL (or Qwen2-VL) ``PretrainedConfig``."""
-        vision = getattr(config, "vision_config", None)
+        vision: Any = getattr(config, "vision_config", None)
         return cls(
             image_token_id=int(config.image_token_id),
             video_token_id=int(config.video_token_id),
             vision_start_token_id=int(config.vision_start_token_id),
             vision_end_token_id=int(config.vision_end_token_id),
-            merge_size=int(merge_size or getattr(vision, "spatial_merge_size", 2)),
+            merge_size=int(merge_size or getattr(vision, "spatial_merge_size", None) or 2),
         )
 
 
@@ -67,15 +67,27 @@ class VisionInputs:
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
 
 
-def build_image_processor(*, patch_size: int = 16, merge_size: int = 2, temporal_patch_size: int = 2,
-                          min_pixels: int = 32 * 32, max_pixels: int = 256 * 256) -> Any:
+def build_image_processor(
+    *,
+    patch_size: int = 16,
+    merge_size: int = 2,
+    temporal_patch_size: int = 2,
+    min_pixels: int = 32 * 32,
+    max_pixels: int = 256 * 256,
+) -> Any:
     """A PIL-backed Qwen2-VL image processor with Qwen3-VL's patch size and normalisation."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     return Qwen2VLImageProcessorPil(
-        patch_size=patch_size, merge_size=merge_size, temporal_patch_size=temporal_patch_size,
-        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
-        min_pixels=min_pixels, max_pixels=max_pixels,
+        patch_size=patch_size,
+        merge_size=merge_size,
+        temporal_patch_size=temporal_patch_size,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
     )
 
 
@@ -85,7 +97,9 @@ def load_image_processor(path: str | Path) -> Any:
     ``AutoImageProcessor`` would pick a torchvision backend when one imports; we always take the
     PIL class so the same pixels come out on every machine.
     """
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     return Qwen2VLImageProcessorPil.from_pretrained(str(path))
 
@@ -121,7 +135,8 @@ def expand_image_tokens(input_ids: list[int], counts: list[int], image_token_id:
     runs = _runs(input_ids, image_token_id)
     if len(runs) != len(counts):
         raise VisionInputError(
-            f"the prompt has {len(runs)} image placeholder(s) ({IMAGE_TOKEN} runs) but {len(counts)} image(s) were given"
+            f"the prompt has {len(runs)} image placeholder(s) ({IMAGE_TOKEN} runs) "
+            f"but {len(counts)} image(s) were given"
         )
     out: list[int] = []
     prev = 0
@@ -138,8 +153,9 @@ def expand_image_tokens(input_ids: list[int], counts: list[int], image_token_id:
     return out
 
 
-def prepare_vision_inputs(input_ids: list[int], images: list[Image.Image], image_processor: Any,
-                          tokens: VisionTokens) -> VisionInputs:
+def prepare_vision_inputs(
+    input_ids: list[int], images: list[Image.Image], image_processor: Any, tokens: VisionTokens
+) -> VisionInputs:
     """Pixel values, grids, expanded ids and ``mm_token_type_ids`` for a prompt and its images.
 
     Images are given in the order of their placeholders in the prompt.

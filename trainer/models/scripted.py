@@ -12,17 +12,21 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relax_gym.errors import RelaxGymError
 
 from ._threads import torch_threads
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ScriptingFailed(RelaxGymError, RuntimeError):
     """The model did not reproduce every completion within the step budget."""
 
 
-def _min_margin(logits: "torch.Tensor", targets: "torch.Tensor") -> float:
+def _min_margin(logits: torch.Tensor, targets: torch.Tensor) -> float:
     """Smallest (target logit - best other logit) over all positions; > 0 means greedy is right."""
     import torch
 
@@ -31,9 +35,19 @@ def _min_margin(logits: "torch.Tensor", targets: "torch.Tensor") -> float:
     return float(torch.min(target - others))
 
 
-def teach_completions(model_dir: str | Path, out_dir: str | Path, examples: list[tuple[list[int], list[int]]], *,
-                      max_steps: int = 1000, lr: float = 3e-2, margin: float = 2.0, check_every: int = 10,
-                      train_embeddings: bool = False, seed: int = 0, threads: int | None = 1) -> Path:
+def teach_completions(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    max_steps: int = 1000,
+    lr: float = 3e-2,
+    margin: float = 2.0,
+    check_every: int = 10,
+    train_embeddings: bool = False,
+    seed: int = 0,
+    threads: int | None = 1,
+) -> Path:
     """Fine-tune a text model so greedy decoding of each prompt yields its completion.
 
     Training stops once every completion token wins its position by at least ``margin`` logits,
@@ -43,12 +57,31 @@ def teach_completions(model_dir: str | Path, out_dir: str | Path, examples: list
     Raises :class:`ScriptingFailed` when the budget runs out. Returns ``out_dir``.
     """
     with torch_threads(threads):
-        return _teach(Path(model_dir), Path(out_dir), examples, max_steps=max_steps, lr=lr, margin=margin,
-                      check_every=check_every, train_embeddings=train_embeddings, seed=seed)
+        return _teach(
+            Path(model_dir),
+            Path(out_dir),
+            examples,
+            max_steps=max_steps,
+            lr=lr,
+            margin=margin,
+            check_every=check_every,
+            train_embeddings=train_embeddings,
+            seed=seed,
+        )
 
 
-def _teach(model_dir: Path, out_dir: Path, examples: list[tuple[list[int], list[int]]], *, max_steps: int,
-           lr: float, margin: float, check_every: int, train_embeddings: bool, seed: int) -> Path:
+def _teach(
+    model_dir: Path,
+    out_dir: Path,
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    max_steps: int,
+    lr: float,
+    margin: float,
+    check_every: int,
+    train_embeddings: bool,
+    seed: int,
+) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -95,8 +128,9 @@ def _teach(model_dir: Path, out_dir: Path, examples: list[tuple[list[int], list[
                 ok = True
                 break
     if not ok:
-        raise ScriptingFailed(f"completions not memorised after {max_steps} steps "
-                              f"(loss {float(loss):.4f}, worst margin {worst:.3f})")
+        raise ScriptingFailed(
+            f"completions not memorised after {max_steps} steps (loss {float(loss):.4f}, worst margin {worst:.3f})"
+        )
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)

@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from relax_gym.errors import RelaxGymError
 
-from .chat_templates import QWEN3_VL_CHAT_TEMPLATE
 from ._threads import torch_threads
+from .chat_templates import QWEN3_VL_CHAT_TEMPLATE
 from .processing import build_image_processor
 from .tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
@@ -87,22 +87,47 @@ def _load_tokenizer(kind: TokenizerKind, out: Path) -> Any:
     raise TinyModelError(f"unknown tokenizer {kind!r}; expected 'qwen3' or 'tiny-bpe'")
 
 
-def build_tiny_model(kind: str = "qwen3", path: str | Path = "tiny-model", *, seed: int = 0,
-                     tokenizer: TokenizerKind = "qwen3", vision: dict[str, Any] | None = None,
-                     image_min_pixels: int = 32 * 32, image_max_pixels: int = 256 * 256, threads: int | None = 1,
-                     **overrides: Any) -> Path:
+def build_tiny_model(
+    kind: str = "qwen3",
+    path: str | Path = "tiny-model",
+    *,
+    seed: int = 0,
+    tokenizer: TokenizerKind = "qwen3",
+    vision: dict[str, Any] | None = None,
+    image_min_pixels: int = 32 * 32,
+    image_max_pixels: int = 256 * 256,
+    threads: int | None = 1,
+    **overrides: Any,
+) -> Path:
     """Build a tiny random model of ``kind`` and save it as a HF folder at ``path``.
 
     ``overrides`` change the text config (e.g. ``num_hidden_layers=4``); ``vision`` changes the
     Qwen3-VL vision config. The weights depend only on ``seed`` and the config.
     """
     with torch_threads(threads):
-        return _build(kind, Path(path), seed=seed, tokenizer=tokenizer, vision=vision,
-                      image_min_pixels=image_min_pixels, image_max_pixels=image_max_pixels, **overrides)
+        return _build(
+            kind,
+            Path(path),
+            seed=seed,
+            tokenizer=tokenizer,
+            vision=vision,
+            image_min_pixels=image_min_pixels,
+            image_max_pixels=image_max_pixels,
+            **overrides,
+        )
 
 
-def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision: dict[str, Any] | None,
-           image_min_pixels: int, image_max_pixels: int, **overrides: Any) -> Path:
+def _build(
+    kind: str,
+    out: Path,
+    *,
+    seed: int,
+    tokenizer: TokenizerKind,
+    vision: dict[str, Any] | None,
+    image_min_pixels: int,
+    image_max_pixels: int,
+    **overrides: Any,
+) -> Path:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -110,8 +135,10 @@ def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision:
     model_kind = normalize_kind(kind)
     out.mkdir(parents=True, exist_ok=True)
     tok = _load_tokenizer(tokenizer, out)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>",
-                                                      "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    ids = {
+        t: tok.convert_tokens_to_ids(t)
+        for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
+    }
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     text_cfg = {**TEXT_DEFAULTS, **overrides}
     text_cfg.setdefault("vocab_size", QWEN3_VOCAB_SIZE if tokenizer == "qwen3" else _padded_vocab(len(tok)))
@@ -119,15 +146,21 @@ def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision:
         raise TinyModelError(f"vocab_size {text_cfg['vocab_size']} is smaller than the tokenizer ({len(tok)})")
 
     torch.manual_seed(seed)
+    config: Any
+    model: Any
     if model_kind == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM
 
         config = Qwen3Config(
-            **text_cfg, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-            bos_token_id=None, eos_token_id=eos, pad_token_id=ids["<|endoftext|>"],
+            **text_cfg,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
+            bos_token_id=None,
+            eos_token_id=eos,
+            pad_token_id=ids["<|endoftext|>"],
         )
         config.architectures = ["Qwen3ForCausalLM"]
-        model: Any = Qwen3ForCausalLM(config)
+        model = Qwen3ForCausalLM(config)
     else:
         from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
@@ -135,12 +168,23 @@ def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision:
         section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]  # 16 -> [6, 5, 5]
         vision_cfg = {**VISION_DEFAULTS, **(vision or {}), "out_hidden_size": text_cfg["hidden_size"]}
         config = Qwen3VLConfig(
-            text_config={**text_cfg, "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000.0,
-                                                         "mrope_section": section, "mrope_interleaved": True},
-                         "eos_token_id": eos, "pad_token_id": ids["<|endoftext|>"], "bos_token_id": None},
+            text_config={
+                **text_cfg,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 5_000_000.0,
+                    "mrope_section": section,
+                    "mrope_interleaved": True,
+                },
+                "eos_token_id": eos,
+                "pad_token_id": ids["<|endoftext|>"],
+                "bos_token_id": None,
+            },
             vision_config=vision_cfg,
-            image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-            vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+            image_token_id=ids["<|image_pad|>"],
+            video_token_id=ids["<|video_pad|>"],
+            vision_start_token_id=ids["<|vision_start|>"],
+            vision_end_token_id=ids["<|vision_end|>"],
             tie_word_embeddings=True,
         )
         config.eos_token_id = eos
@@ -149,9 +193,11 @@ def _build(kind: str, out: Path, *, seed: int, tokenizer: TokenizerKind, vision:
         model = Qwen3VLForConditionalGeneration(config)
         tok.chat_template = QWEN3_VL_CHAT_TEMPLATE
         processor = build_image_processor(
-            patch_size=vision_cfg["patch_size"], merge_size=vision_cfg["spatial_merge_size"],
+            patch_size=vision_cfg["patch_size"],
+            merge_size=vision_cfg["spatial_merge_size"],
             temporal_patch_size=vision_cfg["temporal_patch_size"],
-            min_pixels=image_min_pixels, max_pixels=image_max_pixels,
+            min_pixels=image_min_pixels,
+            max_pixels=image_max_pixels,
         )
         processor.save_pretrained(str(out))
     model = model.to(torch.float32).eval()

