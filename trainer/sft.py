@@ -30,9 +30,6 @@ from relax_gym.trainer.backend import NLLObjective, OptimizerSettings, SequenceB
 from relax_gym.trainer.config import EnvEntry, WarmupConfig
 from relax_gym.trainer.rollout import ChatCodec, EpisodeSpec, Trajectory, TurnRecord
 
-_PROBE = "\u2063RELAXGYMPROBE\u2063"
-
-
 class OracleError(Exception):
     """An oracle episode could not be turned into a training sample (counted, skipped)."""
 
@@ -46,15 +43,14 @@ def assistant_text(codec: ChatCodec, action: Action | str) -> str:
     calls = [{"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
              for c in act.tool_calls]
     convo = [{"role": "user", "content": "x"}]
-    base = codec.render(convo)
-    full = codec.render([*convo, {"role": "assistant", "content": _PROBE + act.text, "tool_calls": calls}])
-    if not full.startswith(base) or _PROBE not in full:
-        raise OracleError("the chat template does not render assistant tool calls recognisably")
-    body = full[len(base):].split(_PROBE, 1)[1]
+    # the generation prompt is everything the template writes before the assistant's content
+    # (header and, for Qwen3 without thinking, the empty think block)
+    before = codec.render(convo, add_generation_prompt=True)
+    full = codec.render([*convo, {"role": "assistant", "content": act.text, "tool_calls": calls}])
     glue = codec.decode(codec.closing_glue)
-    if not body.endswith(glue):
-        raise OracleError("cannot find the end of the assistant message in the template's render")
-    return act.text + body[: len(body) - len(glue)]
+    if not full.startswith(before) or not full.endswith(glue):
+        raise OracleError("the chat template does not render assistant tool calls recognisably")
+    return full[len(before): len(full) - len(glue)]
 
 
 def _render(env: Any, codec: ChatCodec, obs: Observation) -> list[dict[str, Any]]:

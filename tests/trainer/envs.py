@@ -59,7 +59,47 @@ class ColourEnv(relax_gym.Env):
         yield f"\\boxed{{{self.colour}}}"
 
 
+CALC_SPEC = relax_gym.ToolSpec(
+    name="calculator", description="Evaluate an arithmetic expression.",
+    parameters={"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+)
+
+
+class ToolOracleEnv(relax_gym.Env):
+    """Two turns: call the calculator, then answer ``\\boxed{a*b}``; the oracle does both."""
+
+    max_turns = 3
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        self.a, self.b = (int(x) for x in self.np_random.integers(2, 10, size=2))
+        self.called = False
+        return Observation([Message.system("Use the tools."), Message.user(f"What is {self.a} * {self.b}?")],
+                           tools=[CALC_SPEC]), {}
+
+    def step(self, action: Action | str):
+        from relax_gym.tools.parsers import get_parser
+
+        act = Action.coerce(action)
+        if not act.tool_calls:
+            act = get_parser("hermes").parse(act.text)
+        if act.tool_calls and not self.called:
+            self.called = True
+            call = act.tool_calls[0]
+            msg = Message.tool(str(self.a * self.b), tool_call_id=call.id or "call_0", name=call.name)
+            return Observation([msg], tools=[CALC_SPEC]), 0.0, False, False, {"tool_calls": [call]}
+        ok = f"\\boxed{{{self.a * self.b}}}" in act.text
+        return Observation(), float(ok), True, False, {"success": ok}
+
+    def oracle(self):
+        from relax_gym.types import ToolCall
+
+        yield Action(text="", tool_calls=[ToolCall("calculator", {"expression": f"{self.a}*{self.b}"})])
+        yield f"\\boxed{{{self.a * self.b}}}"
+
+
 def register_test_envs() -> None:
-    for env_id, cls in (("test/Letters-v0", LetterEnv), ("test/Colour-v0", ColourEnv)):
+    for env_id, cls in (("test/Letters-v0", LetterEnv), ("test/Colour-v0", ColourEnv),
+                        ("test/ToolOracle-v0", ToolOracleEnv)):
         if env_id not in relax_gym.registry:
             relax_gym.register(env_id, entry_point=cls)
