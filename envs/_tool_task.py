@@ -25,9 +25,9 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
+from relax_gym.tools import Tool, ToolEnv, strip_thinking
 
 from relax_gym.core import Env, StepResult
-from relax_gym.tools import Tool, ToolEnv, strip_thinking
 from relax_gym.types import Action, Message, Observation, ToolCall
 
 from ._answers import last_boxed
@@ -192,7 +192,7 @@ class ToolTaskEnv(ToolEnv, Generic[TaskT]):
         rendered = self.parser.render(tool_calls)
         return rendered if isinstance(rendered, str) else Action(text="", tool_calls=tool_calls)
 
-    def submit(self, answer: str | int | float) -> Action | str:
+    def submit(self, answer: str | float) -> Action | str:
         return self.call(self.answer_tool, answer=str(answer))
 
     def tool_texts(self, name: str) -> list[str]:

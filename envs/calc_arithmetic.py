@@ -9,7 +9,7 @@
   answer: `submit_answer` with the number, or a reply ending in `\\boxed{N}`.
 * **Reward** -- 1.0 for the right number, 0.1 for a well-formed wrong integer, else 0;
   `success` means the right number. `info["tools"]` counts the calls.
-* **Difficulty** -- `easy`: 2 steps on 3-4 digit numbers. `medium`: 4 steps on 4-5 digit
+* **Difficulty** -- `easy`: 2 steps on 3-4 digit numbers (one a 3-digit multiplier). `medium`: 4 steps on 4-5 digit
   numbers, one exact division. `hard`: 6 steps on 5-6 digit numbers with exact division,
   squaring and a remainder. Tool budget: 6 calls.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from relax_gym.tools import Tool, calculator, submit_answer
+
 from relax_gym.types import Action
 
 from ._answers import parse_int
@@ -87,7 +87,7 @@ class Level:
 
 
 LEVELS = {
-    "easy": Level((3, 4), (3, 4), (2, 3), ("mul", "addsub"), (10**2, 10**8)),
+    "easy": Level((3, 4), (3, 4), (3, 3), ("mul", "addsub"), (10**4, 10**8)),
     "medium": Level((4, 5), (4, 5), (3, 4), ("mul", "addsub", "div", "mul"), (10**3, 10**12)),
     "hard": Level((5, 6), (5, 6), (3, 4), ("mul", "addsub", "div", "square", "addsub", "mod"), (0, 10**5)),
 }
@@ -144,8 +144,11 @@ class CalcArithmeticTask(ToolTask[Level]):
 
     levels = LEVELS
     modalities = ("text",)
-    start: int = 0
-    ops: list[Op] = []
+
+    def __init__(self, difficulty: str = "easy") -> None:
+        super().__init__(difficulty)
+        self.start = 0
+        self.ops: list[Op] = []
 
     def make_task(self, level: Level) -> Task:
         start, ops = make_chain(self.np_random, level)

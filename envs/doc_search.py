@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from relax_gym.tools import Document, Tool, search, submit_answer
+
 from relax_gym.types import Action
 
 from ._base import Task

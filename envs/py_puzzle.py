@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from relax_gym.tools import Tool, make_python_tool, submit_answer
+
 from relax_gym.types import Action
 
 from ._answers import parse_int
@@ -42,7 +42,7 @@ from ._tool_task import OracleError, ToolTask, ToolTaskEnv, pick
 PYTHON = make_python_tool(timeout_s=5.0, memory_mb=1024)
 
 
-# -- solvers: self-contained functions (their source is what the oracle runs in the sandbox) ------
+# -- solvers: self-contained functions, imports inside (their source is what the oracle runs) ----
 def collatz_steps(n: int) -> int:
     steps = 0
     while n != 1:
@@ -53,6 +53,7 @@ def collatz_steps(n: int) -> int:
 
 def prime_sum(limit: int) -> int:
     import itertools
+    import math
 
     sieve = bytearray([1]) * limit
     sieve[0:2] = b"\x00\x00"
@@ -79,11 +80,11 @@ def lcg_count(a: int, c: int, m: int, seed: int, steps: int, below: int) -> int:
 
 
 def digit_sum_count(hi: int, s: int) -> int:
-    from functools import lru_cache
+    from functools import cache
 
     digits = [int(d) for d in str(hi)]
 
-    @lru_cache(maxsize=None)
+    @cache
     def count(i: int, total: int, tight: bool) -> int:
         if total > s:
             return 0
@@ -115,9 +116,9 @@ SOLVERS: dict[str, Callable[..., int]] = {
 
 
 def solver_code(name: str, args: dict[str, Any]) -> str:
-    """A program printing the solver's answer (``math`` imported, as the module has it)."""
+    """A program printing the solver's answer (the solvers import what they use themselves)."""
     call = ", ".join(f"{k}={v!r}" for k, v in args.items())
-    return f"import math\n\n{inspect.getsource(SOLVERS[name])}\nprint({name}({call}))\n"
+    return f"{inspect.getsource(SOLVERS[name])}\nprint({name}({call}))\n"
 
 
 # -- puzzles ------------------------------------------------------------------------------------
@@ -204,8 +205,11 @@ class PyPuzzleTask(ToolTask[Level]):
 
     levels = LEVELS
     modalities = ("text",)
-    solver: str = ""
-    args: dict[str, Any] = {}
+
+    def __init__(self, difficulty: str = "easy") -> None:
+        super().__init__(difficulty)
+        self.solver = ""
+        self.args: dict[str, Any] = {}
 
     def make_task(self, level: Level) -> Task:
         text, solver, args = make_puzzle(self.np_random, level)

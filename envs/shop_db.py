@@ -37,8 +37,8 @@ from typing import Annotated, Any
 
 import numpy as np
 from pydantic import Field
-
 from relax_gym.tools import Tool, ToolContext, ToolError, finish, tool
+
 from relax_gym.types import Action
 
 from ._base import Task
