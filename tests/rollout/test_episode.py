@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from relax_gym.formatting import format_messages
 from relax_gym.trainer.rollout import (
     ChatCodec,
     EngineRouter,
@@ -46,23 +47,27 @@ async def run(engine: Any, codec: ChatCodec, specs: list[EpisodeSpec], **config:
 
 
 def assert_tool_structure(traj: Trajectory, codec: ChatCodec) -> None:
-    """Mask 1 exactly on the sampled spans; between them exactly the template glue and the
-    observation delta; nothing else."""
+    """Mask 1 exactly on the sampled spans; before them exactly the rendered prompt; between
+    them exactly the template glue and the delta of that turn's observation; nothing else."""
     traj.validate()
     spans = traj.sampled_spans()
     assert len(spans) == len(traj.turns) >= 1
+    assistant_at = [i for i, m in enumerate(traj.messages) if m.role == "assistant"]
+    assert len(assistant_at) == len(spans)
+
+    def rendered(messages: list[Any]) -> list[dict[str, Any]]:
+        return codec.adapt_messages(format_messages(messages, "hf"))[0]
+
     assert traj.prompt_length == spans[0][0]
-    assert traj.token_ids[: traj.prompt_length] == codec.prompt(
-        [{"role": "system", "content": "You are a careful assistant."},
-         {"role": "user", "content": traj.messages[1].text}], traj.tools).ids
+    assert traj.token_ids[: traj.prompt_length] == codec.prompt(rendered(traj.messages[: assistant_at[0]]), traj.tools).ids
     for k, (start, end) in enumerate(spans):
         segment = traj.token_ids[start:end]
         assert len(segment) == traj.turns[k].num_sampled_tokens
         _, glue = codec.split_segment(segment)
         expected = list(glue)
         if k + 1 < len(spans):
-            expected += codec.observation_delta([{"role": "tool", "content": traj.turns[k].observation_text}],
-                                                traj.tools).ids
+            observation = traj.messages[assistant_at[k] + 1: assistant_at[k + 1]]
+            expected += codec.observation_delta(rendered(observation), traj.tools).ids
         following = traj.token_ids[end: spans[k + 1][0] if k + 1 < len(spans) else len(traj)]
         assert following == expected, f"turn {k}: mask-0 tokens after the segment are not glue + delta"
 
@@ -175,3 +180,17 @@ async def test_turn_sync_baseline_and_stream(qwen3_engine: Any, codec: ChatCodec
         manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=3))
         seen = [t async for t in manager.stream(tool_specs(3, turns=1))]
     assert sorted(t.seed for t in seen) == [0, 1, 2]  # type: ignore[type-var]
+
+
+async def test_registered_tool_env(qwen3_engine: Any, codec: ChatCodec) -> None:
+    """A shipped tool env (ToolEnv + calculator) by id: tools in the prompt, ToolEnv's own
+    parsing and timing, and the same exact structure."""
+    specs = [EpisodeSpec("relax/CalcArithmetic-v0", seed=s) for s in (0, 1)]
+    trajs, manager = await run(qwen3_engine, codec, specs, max_new_tokens=10)
+    for traj in trajs:
+        assert [t["function"]["name"] for t in traj.tools] == ["calculator", "submit_answer"], (traj.stop_reason, traj.error)
+        assert '"name": "calculator"' in codec.decode(traj.token_ids[: traj.prompt_length])
+        assert traj.stop_reason in ("env_done", "max_turns", "env_truncated") and traj.error is None
+        assert_tool_structure(traj, codec)
+        assert traj.drift.kind == "none"
+    assert manager.metrics.env_errors == 0

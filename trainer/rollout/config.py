@@ -32,6 +32,9 @@ class RolloutConfig(BaseModel):
         "keep", description="keep: one sample per episode keeping earlier <think> blocks the engine saw; "
         "split: a new sample at each user turn where the template would drop them")
     check_drift: bool = Field(True, description="compare the incremental tokens with a full re-render at the end")
+    tool_parser: str | None = Field(
+        "hermes", description="relax_gym.tools parser used to *record* each turn's tool calls when the env's "
+        "info does not list them (the env parses for itself; this never changes what it gets)")
     # failures
     request_timeout_s: float = Field(300.0, gt=0, description="one /generate request")
     max_failovers_per_turn: int = Field(3, ge=0, description="retries of a turn on other engines")

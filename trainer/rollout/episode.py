@@ -192,7 +192,10 @@ class EpisodeRunner:
                 return await asyncio.to_thread(self.spec.env_factory)
             import relax_gym
 
-            return await asyncio.to_thread(relax_gym.make, self.spec.env_id, **self.spec.env_kwargs)
+            # Resolve the id on the event loop's thread: the registry loads its plugins on first
+            # use, and two worker threads racing through that first load can miss each other's envs.
+            env_spec = relax_gym.spec(self.spec.env_id)
+            return await asyncio.to_thread(env_spec.make, **self.spec.env_kwargs)
         except Exception as exc:  # noqa: BLE001
             self.metrics.env_errors += 1
             raise _EpisodeStop("env_error", f"cannot make {self.spec.env_id}: {type(exc).__name__}: {exc}") from None
@@ -469,8 +472,15 @@ class EpisodeRunner:
                      env_latency: float, info: dict[str, Any], terminated: bool, truncated: bool,
                      new_messages: list[Message]) -> None:
         calls = _tool_calls(info)
-        errors = [str(e) for e in info.get("parse_errors", []) or []] if isinstance(info.get("parse_errors"), list) else []
+        errors = [str(e) for e in info["parse_errors"]] if isinstance(info.get("parse_errors"), list) else []
+        if "tool_calls" not in info and self.tools and self.config.tool_parser:
+            parsed = self._parse_for_record(raw_text, turn)
+            if parsed is not None:
+                calls, errors = parsed
         tool_latency = info.get("tool_latency_s")
+        timing = info.get("timing")
+        if tool_latency is None and isinstance(timing, dict):  # ToolEnv reports info["timing"]["tools_s"]
+            tool_latency = timing.get("tools_s")
         self.messages.append(Message.assistant(raw_text, tool_calls=calls))
         self.messages.extend(new_messages)
         versions: list[int] = []
@@ -501,13 +511,23 @@ class EpisodeRunner:
         ))
         self.metrics.turns += 1
 
+    def _parse_for_record(self, text: str, turn: int) -> tuple[list[ToolCall], list[str]] | None:
+        """The turn's tool calls as ``relax_gym.tools`` parses them, for the turn record only."""
+        try:
+            from relax_gym.tools import get_parser
+
+            action = get_parser(self.config.tool_parser or "hermes").parse(text, turn=turn)
+        except Exception:  # noqa: BLE001 -- the record is best effort; the env parsed for itself
+            return None
+        return list(action.tool_calls), list(action.parse_errors)
+
     def _finish(self, reason: StopReason, error: str | None) -> list[Trajectory]:
         self.metrics.episodes_finished += 1
         self.metrics.stop_reasons[reason] += 1
         out: list[Trajectory] = []
         for index, part in enumerate(self.parts):
             drift = DriftReport()
-            if self.config.check_drift and part.context_end > part.prompt_length:
+            if self.config.check_drift and part.context_end > 0:
                 try:
                     drift = self.codec.check_drift(part.ids[: part.context_end], part.context[: part.context_count],
                                                    self.tools, policy=self.config.think_policy)
