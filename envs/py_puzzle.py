@@ -13,7 +13,7 @@
   `success` means the right number.
 * **Difficulty** -- `easy`: small inputs (Collatz from 3-digit starts, primes below 2000,
   a dozen people in the circle...). `medium`: inputs of 10^4-10^6 and 6x6-8x8 grids.
-  `hard`: primes below 5x10^5, circles of 10^4-10^5 people, 10^4-5x10^4 generator steps,
+  `hard`: primes below 3x10^5, circles of 2000-20000 people, 5000-20000 generator steps,
   digit sums up to 10^12 (too many to enumerate: it takes a digit DP) and grids of 10x10 to
   14x14. Tool budget: 4 calls.
 
@@ -140,7 +140,7 @@ LEVELS = {
                   ("collatz_steps", "prime_sum", "josephus", "lcg_count", "digit_sum_count", "grid_paths"), (1, 10**6)),
     "medium": Level((10**4, 10**6), (10**4, 10**5), (100, 2000), (3, 12), (500, 5000), (5, 6), (6, 8),
                     ("collatz_steps", "prime_sum", "josephus", "lcg_count", "digit_sum_count", "grid_paths"), (1, 10**9)),
-    "hard": Level((10**6, 10**8), (2 * 10**5, 5 * 10**5), (10**4, 10**5), (5, 40), (10**4, 5 * 10**4), (8, 12), (10, 14),
+    "hard": Level((10**6, 10**8), (10**5, 3 * 10**5), (2000, 20000), (5, 40), (5000, 20000), (8, 12), (10, 14),
                   ("prime_sum", "josephus", "lcg_count", "digit_sum_count", "grid_paths"), (1, 10**12)),
 }
 
