@@ -121,3 +121,22 @@ def test_budget_and_turn_limit_agree_with_the_registry() -> None:
         inner = env.env
         assert inner.max_tool_calls == type(inner).tool_budget
         assert e.max_turns == env.max_turns == 1 + inner.max_tool_calls + 1
+
+
+@pytest.mark.parametrize("parser", ["qwen3_coder", "openai"])
+def test_other_tool_call_formats(parser: str) -> None:
+    """``parser=`` switches the format the env reads, and the oracle writes the same one."""
+    env = relax_gym.make("relax/ShopDB-v0", difficulty="hard", parser=parser)
+    env.reset(seed=2)
+    info: dict[str, object] = {}
+    for action in env.oracle():
+        if parser == "qwen3_coder":
+            assert isinstance(action, str) and "<function=" in action
+        else:  # an OpenAI-style server returns structured calls, not text
+            assert isinstance(action, Action) and action.tool_calls
+        _, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    assert info["success"] and info["tools"]["tool_errors"] == 0  # type: ignore[index]
+    with pytest.raises(relax_gym.RelaxGymError, match="unknown tool-call parser"):
+        relax_gym.make("relax/ShopDB-v0", parser="nope")
