@@ -9,9 +9,11 @@ Each tool env module defines two classes:
   well-formed but wrong, ``0`` otherwise, like the tool-free envs);
 * a :class:`ToolTaskEnv` (a ``ToolEnv``), the registered class: it fixes the shared tools and
   the tool budget, declares modalities/tags/turn limit as class attributes for the registry,
-  and holds the **oracle**, a scripted agent that calls the tools in model-style text
-  (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``), reads their results from the
-  observations and then answers -- so an oracle episode exercises the tools like a model's.
+  and holds the **oracle**, a scripted agent that calls the tools in model-style text (the
+  env's tool-call format: Qwen3/Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  by default, ``parser="qwen3_coder"`` or ``"openai"`` on request), reads their results from
+  the observations and then answers -- so an oracle episode exercises the tools like a model's.
+  Its random agent calls a tool with random arguments or gives a random answer.
 
 The final answer is what ``submit_answer(answer=...)`` hands over, or a reply without a tool
 call; in both, the content of the last ``\\boxed{...}`` counts when there is one, else the
@@ -138,7 +140,7 @@ class ToolTaskEnv(ToolEnv, Generic[TaskT]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        task_cls = cls.__dict__.get("task_cls") or getattr(cls, "task_cls", None)
+        task_cls = getattr(cls, "task_cls", None)
         if task_cls is not None:
             cls.max_turns = int(task_cls.max_turns) + cls.tool_budget + 1
 

@@ -5,8 +5,9 @@
   arithmetic is unreliable; give the final whole number.
 * **Observation** -- one user message with the numbered steps (text only) and the tools:
   `calculator(expression)` (exact integer arithmetic) and `submit_answer(answer)`.
-* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks), then the
-  answer: `submit_answer` with the number, or a reply ending in `\\boxed{N}`.
+* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks by default;
+  the env takes `parser="qwen3_coder"` or `"openai"` too), then the answer: `submit_answer` with
+  the number, or a reply ending in `\\boxed{N}`.
 * **Reward** -- 1.0 for the right number, 0.1 for a well-formed wrong integer, else 0;
   `success` means the right number. `info["tools"]` counts the calls.
 * **Difficulty** -- `easy`: 2 steps on 3-4 digit numbers (one a 3-digit multiplier). `medium`: 4 steps on 4-5 digit

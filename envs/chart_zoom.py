@@ -8,8 +8,9 @@
 * **Observation** -- one user message: the question and the chart (image id `chart`), and the
   tools `zoom(image_id, bbox)` (returns the region at up to 4x the shown resolution as a new
   image, which can be zoomed into again), `calculator(expression)` and `submit_answer(answer)`.
-* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks), then the
-  answer: `submit_answer` with the number, or a reply ending in `\\boxed{N}`.
+* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks by default;
+  the env takes `parser="qwen3_coder"` or `"openai"` too), then the answer: `submit_answer` with
+  the number, or a reply ending in `\\boxed{N}`.
 * **Reward** -- 1.0 for the right number (to 0.05), 0.1 for a well-formed wrong number, else
   0; `success` means the right number.
 * **Difficulty** -- `easy`: 4-5 bars, whole numbers, the value of one bar. `medium`: 6-8

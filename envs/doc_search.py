@@ -7,10 +7,10 @@
 * **Observation** -- one user message with the question (text only) and the tools
   `search(query, k)` (BM25 over the encyclopedia; returns JSON with each hit's id, title, score
   and text) and `submit_answer(answer)`.
-* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks), then the
-  answer: `submit_answer` with the answer alone (a year, a number, a name or a word), or a
-  reply ending in `\\boxed{...}`. Case, commas in numbers, "the" and a trailing "river" are
-  ignored.
+* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks by default;
+  the env takes `parser="qwen3_coder"` or `"openai"` too), then the answer: `submit_answer` with
+  the answer alone (a year, a number, a name or a word), or a reply ending in `\\boxed{...}`.
+  Case, commas in numbers, "the" and a trailing "river" are ignored.
 * **Reward** -- 1.0 for the right answer, 0.1 for a well-formed wrong one, else 0; `success`
   means the right answer.
 * **Difficulty** -- `easy`: 5 towns, 6 people, 4 inventions; one-hop questions. `medium`: 10

@@ -7,8 +7,9 @@
 * **Observation** -- one user message with the puzzle (text only) and the tools:
   `python(code)` (runs in the sandbox: no network, read-only filesystem, 5 s and 1 GB per
   call; returns what the code prints) and `submit_answer(answer)`.
-* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks), then the
-  answer: `submit_answer` with the number, or a reply ending in `\\boxed{N}`.
+* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks by default;
+  the env takes `parser="qwen3_coder"` or `"openai"` too), then the answer: `submit_answer` with
+  the number, or a reply ending in `\\boxed{N}`.
 * **Reward** -- 1.0 for the right number, 0.1 for a well-formed wrong integer, else 0;
   `success` means the right number.
 * **Difficulty** -- `easy`: small inputs (Collatz from 3-digit starts, primes below 2000,

@@ -11,8 +11,9 @@
   `place_order()`, `cancel_order(order_id)`, `refund_item(order_id, product_id, quantity)`,
   and `finish(answer)`. Tool results are JSON; refused operations (out of stock, cancelling a
   delivered order...) come back as `Error:` messages and change nothing.
-* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks); the
-  episode ends with `finish` (or a reply without a tool call).
+* **Action** -- tool calls in the model's format (Qwen3/Hermes `<tool_call>` blocks by default;
+  the env takes `parser="qwen3_coder"` or `"openai"` too); the episode ends with `finish` (or a
+  reply without a tool call).
 * **Reward** -- 1.0 when the database ends in the required state -- stock, cart, every
   existing order's status and refunds, and the items of the orders placed in the episode
   (orders it placed and cancelled again do not count) -- else 0; `success` is the same.
