@@ -312,3 +312,22 @@ async def test_next_turn_reuses_the_cached_prefix(
         logits = model(torch.tensor([turn2 + second.output_ids])).logits[0, len(turn2) - 1 : -1]
     ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(second.output_ids)[:, None]).squeeze(1)
     assert float((ref - torch.tensor(second.token_logprobs())).abs().max()) < 1e-4
+
+
+async def test_client_disconnect_aborts_the_request(text_engine: EmbeddedEngineProcess, ids: list[int]) -> None:
+    before = await server_info(text_engine.url)
+    async with httpx.AsyncClient(base_url=text_engine.url, timeout=60) as http:
+        task = asyncio.create_task(http.post("/generate", json={
+            "input_ids": ids, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}))
+        await wait_for_tokens(text_engine.url, 5)
+        task.cancel()  # the client goes away mid-generation
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        info = await server_info(text_engine.url)
+        if info["num_running_reqs"] == 0 and info["requests_aborted"] > before["requests_aborted"]:
+            break
+        assert asyncio.get_running_loop().time() < deadline, info
+        await asyncio.sleep(0.1)
+    assert info["generated_tokens"] - before["generated_tokens"] < 3000

@@ -264,3 +264,15 @@ async def test_distributed_requests_are_validated(engine: EmbeddedEngineProcess)
             json={"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2},
         )
         assert nccl.status_code == 400 and "gloo" in nccl.text
+
+
+def test_safetensors_items_round_trip_tied_weights() -> None:
+    from relax_gym.trainer.engines.weights import buckets, decode_named_tensors
+
+    shared = torch.randn(4, 3)
+    named = [("model.embed_tokens.weight", shared), ("lm_head.weight", shared), ("b", torch.arange(5))]
+    back = dict(decode_named_tensors(encode_named_tensors(named)))
+    assert torch.equal(back["lm_head.weight"], shared) and torch.equal(back["model.embed_tokens.weight"], shared)
+    assert torch.equal(back["b"], torch.arange(5))
+    sizes = [len(b) for b in buckets(named, bucket_bytes=60)]
+    assert sizes == [1, 1, 1] and sum(len(b) for b in buckets(named, 1 << 20)) == 3

@@ -63,10 +63,22 @@ class UpdateWeightsFromTensorRequest(BaseModel):
 # safetensors items
 # ------------------------------------------------------------------------------------------------
 def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """Base64 text of one safetensors blob holding ``named`` (moved to CPU, made contiguous)."""
+    """Base64 text of one safetensors blob holding ``named`` (moved to CPU, made contiguous).
+
+    Tensors that share memory (tied weights such as ``lm_head.weight`` and the embeddings) are
+    stored once each under their own name, as safetensors requires.
+    """
     from safetensors.torch import save
 
-    tensors = {name: t.detach().to("cpu").contiguous() for name, t in named}
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, t in named:
+        cpu = t.detach().to("cpu").contiguous()
+        ptr = cpu.untyped_storage().data_ptr()
+        if ptr in seen:
+            cpu = cpu.clone()
+        seen.add(ptr)
+        tensors[name] = cpu
     return base64.b64encode(save(tensors)).decode("ascii")
 
 
