@@ -96,10 +96,12 @@ def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
     """The configured backend over ``model_path``, with the RL phase's optimizer."""
     if config.backend == "megatron":
         try:
-            from relax_gym.trainer.megatron.backend import create_backend  # type: ignore[import-not-found]
+            from relax_gym.trainer.megatron.backend import MegatronBackend
         except ImportError as exc:
             raise RuntimeError(f"backend 'megatron' is not available: {exc}") from None
-        return create_backend(config, model_path)  # type: ignore[no-any-return]
+        return MegatronBackend(model_path, megatron=dict(config.megatron),
+                               micro_batch_size=config.train.micro_batch_size,
+                               optimizer=rl_optimizer_settings(config))
     from relax_gym.trainer.torch_backend import TorchBackend
 
     return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,
