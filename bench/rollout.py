@@ -41,7 +41,7 @@ from relax_gym import Action, Message, Observation, ToolSpec
 
 SEARCH = ToolSpec("search", "Search a document collection.",
                   {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]})
-WORDS = "alpha beta gamma delta result found page section table figure value count total".split()
+WORDS = ["alpha", "beta", "gamma", "delta", "result", "found", "page", "section", "table", "figure", "value", "count", "total"]
 
 
 class LongTailToolEnv(relax_gym.Env):

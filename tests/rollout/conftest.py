@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+
+def _needs_ml() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():  # type: ignore[no-untyped-def]
+    _needs_ml()
     from relax_gym.trainer.models import load_qwen3_tokenizer
 
     return load_qwen3_tokenizer()
@@ -26,6 +29,7 @@ def qwen3_tokenizer():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _needs_ml()
     from relax_gym.trainer.models import build_tiny_model
 
     return build_tiny_model("qwen3", tmp_path_factory.mktemp("tiny-qwen3"), seed=0)
@@ -33,9 +37,20 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _needs_ml()
     from relax_gym.trainer.models import build_tiny_model
 
-    return build_tiny_model("qwen3_vl", tmp_path_factory.mktemp("tiny-qwen3-vl"), seed=0)
+    # the tiny offline BPE (512 tokens, Qwen's special tokens and the Qwen3-VL template): the text
+    # side is covered with the real tokenizer elsewhere, and a small vocabulary boots faster
+    return build_tiny_model("qwen3_vl", tmp_path_factory.mktemp("tiny-qwen3-vl"), seed=0, tokenizer="tiny-bpe")
+
+
+@pytest.fixture(scope="session")
+def codec(tiny_qwen3: Path) -> Any:
+    """The tiny Qwen3's chat codec (the real Qwen3 tokenizer and template), loaded once."""
+    from relax_gym.trainer.rollout import ChatCodec
+
+    return ChatCodec.from_pretrained(tiny_qwen3)
 
 
 class EnginePool:

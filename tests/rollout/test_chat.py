@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-
 from relax_gym.trainer.rollout import ChatCodec, TemplateError, VisionSupport
 
 TOOLS = [

@@ -10,8 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-
-from relax_gym.formatting import format_messages
 from relax_gym.trainer.rollout import (
     ChatCodec,
     EngineRouter,
@@ -22,13 +20,10 @@ from relax_gym.trainer.rollout import (
     parse_weight_version,
 )
 
+from relax_gym.formatting import format_messages
+
 from .envs import FixedToolEnv
 from .forward import load_model, max_sampled_diff
-
-
-@pytest.fixture(scope="module")
-def codec(tiny_qwen3: Path) -> ChatCodec:
-    return ChatCodec.from_pretrained(tiny_qwen3)
 
 
 @pytest.fixture(scope="module")

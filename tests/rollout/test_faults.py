@@ -15,15 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-
 from relax_gym.trainer.rollout import ChatCodec, ControlServer, EngineRouter, RolloutConfig, RolloutManager
 
 from .test_episode import assert_tool_structure, tool_specs
-
-
-@pytest.fixture(scope="module")
-def codec(tiny_qwen3: Path) -> ChatCodec:
-    return ChatCodec.from_pretrained(tiny_qwen3)
 
 
 async def wait_until(predicate: Any, timeout_s: float = 60.0) -> None:

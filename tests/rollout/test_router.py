@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 from pydantic import ValidationError
-
 from relax_gym.trainer.rollout import EngineRouter, NoEngineAvailable, RolloutConfig, parse_weight_version
 from relax_gym.trainer.rollout.manager import _TurnBarrier
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
-from relax_gym import ImagePart, Message, ToolCall
 from relax_gym.trainer.rollout import (
     DriftReport,
     Trajectory,
@@ -19,6 +17,8 @@ from relax_gym.trainer.rollout import (
     save_jsonl,
 )
 from relax_gym.trainer.rollout.trajectory import json_safe
+
+from relax_gym import ImagePart, Message, ToolCall
 
 IMAGE_TOKEN = 7
 
@@ -31,7 +31,7 @@ def _image(seed: int, size: tuple[int, int] = (20, 12)) -> Image.Image:
 def make_traj(**overrides: object) -> Trajectory:
     """prompt(3, one image of 2 pads) + sampled(2) + glue(1) + observation(2) + sampled(2)."""
     img = _image(0)
-    fields: dict[str, object] = dict(
+    fields: dict[str, object] = dict(  # noqa: C408 -- keyword form reads like the schema
         token_ids=[1, IMAGE_TOKEN, IMAGE_TOKEN, 10, 11, 2, 3, 4, 12, 13],
         loss_mask=[0, 0, 0, 1, 1, 0, 0, 0, 1, 1],
         rollout_logprobs=[0.0, 0.0, 0.0, -0.5, -1.25, 0.0, 0.0, 0.0, -0.125, -2.0],

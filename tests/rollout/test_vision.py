@@ -4,11 +4,13 @@ engine's logprobs match a fresh forward pass with the same pixel values."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from relax_gym import ImagePart
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
+
+from relax_gym import ImagePart
 
 from .envs import ImageTurnsEnv
 from .forward import load_model, max_sampled_diff
@@ -43,3 +45,22 @@ async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path) -> None:
     print(f"\nQwen3-VL max |engine logprob - fresh forward logprob| (fp32): {worst:.2e}")
     assert worst < 1e-4
     assert manager.metrics.engine_prompt_mismatch == 0  # the engine saw exactly our expanded ids
+    # with a 512-token vocabulary the random model sometimes emits a vision marker: such a segment
+    # is cut before it, so image pads only ever sit at real images (validate() checked the runs)
+    assert all(t not in codec.vision.reserved_ids for traj in trajs for t, m in zip(traj.token_ids, traj.loss_mask) if m)
+
+
+async def test_sampled_vision_markers_are_cut(vl_engine: Any, tiny_qwen3_vl: Path) -> None:
+    """Reserve most of the small vocabulary so the model surely hits a reserved id: every segment
+    stops there and keeps only the exact prefix sampled before it."""
+    codec = ChatCodec.from_pretrained(tiny_qwen3_vl)
+    assert codec.vision is not None
+    codec.vision = dataclasses.replace(codec.vision, reserved_ids=codec.vision.reserved_ids | frozenset(range(400)))
+    specs = [EpisodeSpec("test/ImageTurns", seed=0, env_factory=lambda: ImageTurnsEnv(turns=2))]
+    async with EngineRouter([vl_engine.url]) as router:
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16))
+        (traj,) = await manager.generate(specs)
+    traj.validate()
+    assert traj.stop_reason == "env_done" and manager.metrics.reserved_tokens_cut >= 1
+    assert all(t not in codec.vision.reserved_ids for t, m in zip(traj.token_ids, traj.loss_mask) if m)
+    assert all(t.finish_reason == "stop" for t in traj.turns)

@@ -53,6 +53,9 @@ class VisionSupport:
     image_processor: Any
     image_token_id: int
     merge_size: int
+    # placeholder/marker ids the model must never emit itself (a sampled <|image_pad|> would
+    # claim image features that do not exist): generation stops at them and they are cut off
+    reserved_ids: frozenset[int] = frozenset()
 
     def grids(self, images: Sequence[Any]) -> list[list[int]]:
         """The ``(t, h, w)`` patch grid of each image, from the model's own processor."""
@@ -113,7 +116,9 @@ class ChatCodec:
             from relax_gym.trainer.models import VisionTokens, load_image_processor
 
             tokens = VisionTokens.from_config(AutoConfig.from_pretrained(str(folder)))
-            vision = VisionSupport(load_image_processor(folder), tokens.image_token_id, tokens.merge_size)
+            reserved = frozenset({tokens.image_token_id, tokens.video_token_id, tokens.vision_start_token_id,
+                                  tokens.vision_end_token_id})
+            vision = VisionSupport(load_image_processor(folder), tokens.image_token_id, tokens.merge_size, reserved)
         return cls(tokenizer, template_kwargs=template_kwargs, vision=vision)
 
     # -- primitives -------------------------------------------------------------------------------
@@ -124,14 +129,14 @@ class ChatCodec:
         kwargs = {**self._special_kwargs, **self.template_kwargs}
         try:
             if self._compiled is not None:
-                return self._compiled.render(messages=list(messages), tools=list(tools) if tools else None,
-                                             documents=None, add_generation_prompt=add_generation_prompt, **kwargs)
-            return self.tokenizer.apply_chat_template(  # type: ignore[no-any-return]
+                return str(self._compiled.render(messages=list(messages), tools=list(tools) if tools else None,
+                                                 documents=None, add_generation_prompt=add_generation_prompt, **kwargs))
+            return str(self.tokenizer.apply_chat_template(
                 list(messages), tools=list(tools) if tools else None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, chat_template=self.chat_template,
                 **self.template_kwargs,
-            )
-        except Exception as exc:  # jinja's raise_exception and friends
+            ))
+        except Exception as exc:  # noqa: BLE001 -- jinja's raise_exception and any template bug
             raise TemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from None
 
     @staticmethod
@@ -350,7 +355,7 @@ def _compile(template: str) -> Any | None:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
         return _compile_jinja_template(template)
-    except Exception:  # pragma: no cover - depends on the transformers version
+    except Exception:  # noqa: BLE001 # pragma: no cover - depends on the transformers version
         return None
 
 

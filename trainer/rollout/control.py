@@ -22,7 +22,7 @@ import hmac
 import ipaddress
 import logging
 import secrets
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
@@ -131,13 +131,13 @@ class ControlServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self) -> ControlServer:
+    async def start(self) -> Self:
         import uvicorn
 
         config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", lifespan="off",
                                 access_log=False)
         self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self._server.install_signal_handlers = lambda: None
         self._task = asyncio.create_task(self._server.serve(), name="rollout-control")
         for _ in range(500):  # bounded wait for the socket
             if self._server.started:
@@ -160,7 +160,7 @@ class ControlServer:
                 await asyncio.wait_for(self._task, timeout=5)
             self._task = None
 
-    async def __aenter__(self) -> ControlServer:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

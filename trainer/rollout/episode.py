@@ -17,10 +17,13 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from relax_gym.core import Env
@@ -42,6 +45,7 @@ from .router import EngineRouter, NoEngineAvailable, parse_weight_version
 from .trajectory import DriftReport, StopReason, Trajectory, TurnRecord, json_safe
 
 TurnGate = Callable[[], Awaitable[None]]
+log = logging.getLogger(__name__)
 
 
 class _EpisodeStop(Exception):
@@ -156,6 +160,10 @@ class EpisodeRunner:
         self.reward_components: dict[str, float] = {}
         self.success = False
         self._requests = 0
+        reserved = codec.vision.reserved_ids if codec.vision is not None else frozenset()
+        self._reserved = reserved
+        stops = sorted(set(config.stop_token_ids or []) | reserved)
+        self._stop_ids: list[int] | None = stops or None
 
     @property
     def part(self) -> _Part:
@@ -182,8 +190,8 @@ class EpisodeRunner:
             if env is not None:
                 try:
                     env.close()
-                except Exception:  # noqa: BLE001
-                    pass
+                except Exception as exc:  # noqa: BLE001 -- a failing close must not lose the sample
+                    log.warning("closing the env of %s failed: %s", self.episode_id, exc)
         return self._finish(reason, error)
 
     async def _make_env(self) -> Env:
@@ -312,8 +320,8 @@ class EpisodeRunner:
             if self.config.think_policy == "split" and self._needs_split(new_msgs):
                 self._start_new_part(new_msgs)
             else:
-                delta = self._template(lambda: self.codec.observation_delta(new_msgs, self.tools,
-                                                                            tools_key=self._tools_key))
+                delta = self._template(partial(self.codec.observation_delta, new_msgs, self.tools,
+                                               tools_key=self._tools_key))
                 if len(self.part.ids) + len(delta.ids) >= self.config.max_total_tokens:
                     return "max_tokens"
                 self.part.add_context(delta)
@@ -362,7 +370,7 @@ class EpisodeRunner:
             image_data=list(part.payloads) or None,
             sampling_params=SamplingParams(
                 max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
-                top_k=cfg.top_k, stop_token_ids=cfg.stop_token_ids, skip_special_tokens=False,
+                top_k=cfg.top_k, min_p=0.0, stop_token_ids=self._stop_ids, skip_special_tokens=False,
                 sampling_seed=seed,
             ),
             return_logprob=True,
@@ -441,7 +449,7 @@ class EpisodeRunner:
             problem = f"{len(ids)} tokens for max_new_tokens={request.sampling_params.max_new_tokens}"
         elif not ids and finish != "abort":
             problem = f"no tokens with finish_reason {finish}"
-        elif any(lp != lp or lp > 1e-6 for lp in logprobs):
+        elif any(math.isnan(lp) or lp > 1e-6 for lp in logprobs):
             problem = "a logprob is NaN or positive"
         if problem is not None:
             self.metrics.engine_errors["malformed_reply"] += 1
@@ -449,9 +457,15 @@ class EpisodeRunner:
         expected_prompt = len(request.input_ids or [])
         if reply.meta_info.prompt_tokens and reply.meta_info.prompt_tokens != expected_prompt:
             self.metrics.engine_prompt_mismatch += 1
+        versions = _token_versions(reply, len(ids))
+        if self._reserved and any(t in self._reserved for t in ids):
+            # the model emitted a vision placeholder: keep the exact prefix sampled before it
+            cut = next(i for i, t in enumerate(ids) if t in self._reserved)
+            ids, logprobs, versions, finish = ids[:cut], logprobs[:cut], versions[:cut], "stop"
+            self.metrics.reserved_tokens_cut += 1
         segment.ids.extend(ids)
         segment.logprobs.extend(float(x) for x in logprobs)
-        segment.versions.extend(_token_versions(reply, len(ids)))
+        segment.versions.extend(versions)
         segment.finish = finish or "stop"
         if not segment.engine_ids or segment.engine_ids[-1] != engine_id:
             segment.engine_ids.append(engine_id)
@@ -610,8 +624,8 @@ def _background(awaitable: Awaitable[Any]) -> None:
     async def quiet() -> None:
         try:
             await awaitable
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception as exc:  # noqa: BLE001 -- best effort by design
+            log.debug("background call failed: %s", exc)
 
     task = asyncio.ensure_future(quiet())
     _BACKGROUND.add(task)

@@ -116,7 +116,7 @@ class RolloutManager:
             return await runner.run()
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 -- an internal bug fails one episode, never the batch
+        except Exception as exc:
             log.exception("episode %s failed inside the manager", runner.episode_id)
             self.metrics.engine_errors["internal"] += 1
             self.metrics.stop_reasons["env_error"] += 1
@@ -143,8 +143,11 @@ class RolloutManager:
         done = asyncio.gather(*workers)
         done.add_done_callback(lambda _f: results.put_nowait(None))
         try:
-            while (item := await results.get()) is not None:
-                yield item
+            while True:
+                got = await results.get()
+                if got is None:
+                    break
+                yield got
             await done  # surfaces a worker's unexpected exception
         finally:
             for task in workers:
@@ -158,15 +161,15 @@ class RolloutManager:
             if not cohort:
                 return
             barrier = _TurnBarrier(len(cohort))
-
-            async def one(order: int, spec: EpisodeSpec, index: int) -> tuple[int, list[Trajectory]]:
-                try:
-                    return order, await self._safe_run(self._runner(spec, index, gate=barrier.wait))
-                finally:
-                    barrier.leave()
-
-            for item in await asyncio.gather(*(one(*c) for c in cohort)):
+            for item in await asyncio.gather(*(self._gated(barrier, *c) for c in cohort)):
                 yield item
+
+    async def _gated(self, barrier: _TurnBarrier, order: int, spec: EpisodeSpec,
+                     index: int) -> tuple[int, list[Trajectory]]:
+        try:
+            return order, await self._safe_run(self._runner(spec, index, gate=barrier.wait))
+        finally:
+            barrier.leave()
 
 
 __all__ = ["RolloutManager"]

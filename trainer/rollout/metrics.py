@@ -28,13 +28,14 @@ class RolloutMetrics:
     media_placeholders: int = 0  # media parts the model could not take, rendered as text
     tools_changed: int = 0  # observations whose tool list differs from the prompt's
     engine_prompt_mismatch: int = 0  # engine's prompt_tokens != our context length
+    reserved_tokens_cut: int = 0  # segments cut before a vision placeholder the model emitted
     engine_time_s: float = 0.0  # summed wall time of generate requests
     env_time_s: float = 0.0  # summed wall time of env.reset/env.step
 
     def snapshot(self) -> dict[str, Any]:
         """A flat, JSON-ready view (counters become ``name/key`` entries)."""
         out: dict[str, Any] = {}
-        for name in self.__slots__:  # type: ignore[attr-defined]
+        for name in self.__slots__:
             value = getattr(self, name)
             if isinstance(value, Counter):
                 for key, count in sorted(value.items()):

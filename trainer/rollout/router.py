@@ -25,7 +25,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.protocol import (
@@ -168,7 +168,7 @@ class EngineRouter:
                                        "removed": 0, "weight_syncs": 0}
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    async def start(self) -> EngineRouter:
+    async def start(self) -> Self:
         """Check the initial engines (those down start unhealthy) and start the health loop."""
         for url in self._initial_urls:
             handle = self._new_handle(url)
@@ -201,7 +201,7 @@ class EngineRouter:
         self._engines.clear()
         self._bindings.clear()
 
-    async def __aenter__(self) -> EngineRouter:
+    async def __aenter__(self) -> Self:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -332,7 +332,7 @@ class EngineRouter:
                 await self.check_health()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 -- the loop must survive anything
+            except Exception:
                 log.exception("health check failed")
 
     async def check_health(self) -> None:
