@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from . import workload  # noqa: E402  (registers the test env)
+from . import workload
 
 API_KEY = "modes-test-key"
 

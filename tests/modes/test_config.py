@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from relax_gym.trainer.config import ConfigError
 from relax_gym.trainer.modes import ModesTrainConfig, modes_config_from_dict
 from relax_gym.trainer.modes.runner import needs_workers
@@ -54,9 +53,9 @@ def test_cli_prints_the_config_and_rejects_bad_ones(tmp_path: Path) -> None:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(BASE))
     ok = subprocess.run([sys.executable, "-m", "relax_gym.trainer.modes", str(path), "mode=hybrid", "--print-config"],
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=120, check=False)
     assert ok.returncode == 0, ok.stderr
     assert yaml.safe_load(ok.stdout)["mode"] == "hybrid"
     bad = subprocess.run([sys.executable, "-m", "relax_gym.trainer.modes", str(path), "async_rl.runtime=rya"],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "async_rl.runtime: must be one of" in bad.stderr

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from relax_gym.trainer.config import EnvEntry
 from relax_gym.trainer.loop.data import EpisodeSampler
 from relax_gym.trainer.modes import modes_config_from_dict

@@ -7,7 +7,6 @@ import random
 
 import pytest
 import torch
-
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, to_sequence_batch
 from relax_gym.trainer.modes.queue import (

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 import torch
-
-from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
 from relax_gym.trainer.backend import SequenceBatch
 from relax_gym.trainer.modes.weight_sync import DistributedWeightSync, ElasticRouter, WeightPublisher
 from relax_gym.trainer.torch_backend import TorchBackend
+
+from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
 
 from .conftest import API_KEY
 

@@ -29,3 +29,39 @@ class VowelsEnv(relax_gym.Env):
 
 if ENV_ID not in relax_gym.registration.registry:
     relax_gym.register(ENV_ID, VowelsEnv, max_turns=1, modalities=["text"], description="modes test task")
+
+
+# -- a reward whose worker process crashes a set number of times (Ray fault tests) ---------------
+CRASH_COUNTER_ENV = "MODES_TEST_REWARD_CRASHES"
+
+
+def _crashy(sample: Any) -> float:
+    """The env's reward; but while the counter file named by $MODES_TEST_REWARD_CRASHES holds a
+    positive number, decrement it and kill this process (a reward worker crash)."""
+    import fcntl
+    import os
+    from pathlib import Path
+
+    path = os.environ.get(CRASH_COUNTER_ENV)
+    if path and Path(path).is_file():
+        with open(path, "r+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            left = int(fh.read().strip() or 0)
+            if left > 0:
+                fh.seek(0)
+                fh.truncate()
+                fh.write(str(left - 1))
+                fh.flush()
+                os.fsync(fh.fileno())
+                os._exit(3)
+    return float(sample.env_reward)
+
+
+def _register_reward() -> None:
+    from relax_gym.rewards import list_rewards, register_reward
+
+    if "modes_test_crashy" not in {r.name for r in list_rewards()}:
+        register_reward("modes_test_crashy", _crashy)
+
+
+_register_reward()

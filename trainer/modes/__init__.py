@@ -14,30 +14,26 @@
 See ``docs/async.md``.
 """
 
-from .config import ASYNC_MODES, AsyncConfig, ModesTrainConfig, RayConfig, load_modes_config, modes_config_from_dict
-from .queue import Batch, QueuedGroup, QueuedSample, QueueError, TrajectoryQueue
+from importlib import import_module
+from typing import Any
+
+# Names are loaded on first use: a Ray reward worker imports this package without paying for
+# torch (the config module pulls it in through the training config).
+_EXPORTS = {
+    "ASYNC_MODES": ".config", "AsyncConfig": ".config", "ModesTrainConfig": ".config", "RayConfig": ".config",
+    "load_modes_config": ".config", "modes_config_from_dict": ".config",
+    "Batch": ".queue", "QueueError": ".queue", "QueuedGroup": ".queue", "QueuedSample": ".queue",
+    "TrajectoryQueue": ".queue", "run_async": ".runner", "train": ".runner",
+}
 
 __all__ = [
-    "ASYNC_MODES",
-    "AsyncConfig",
-    "Batch",
-    "ModesTrainConfig",
-    "QueueError",
-    "QueuedGroup",
-    "QueuedSample",
-    "RayConfig",
-    "TrajectoryQueue",
-    "load_modes_config",
-    "modes_config_from_dict",
-    "run_async",
-    "train",
+    "ASYNC_MODES", "AsyncConfig", "Batch", "ModesTrainConfig", "QueueError", "QueuedGroup", "QueuedSample",
+    "RayConfig", "TrajectoryQueue", "load_modes_config", "modes_config_from_dict", "run_async", "train",
 ]
 
 
-def __getattr__(name: str) -> object:
-    # the runners pull in torch and the rollout stack; load them when asked for
-    if name in ("run_async", "train"):
-        from . import runner
-
-        return getattr(runner, name)
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(name)
+    return getattr(import_module(module, __name__), name)

@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from relax_gym.trainer.config import (
     ConfigError,
     TrainConfig,

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
 from relax_gym.trainer.checkpoint import latest_checkpoint, save_checkpoint
 from relax_gym.trainer.loop import Trainer
@@ -43,7 +42,7 @@ from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
 from .config import ModesTrainConfig
 from .queue import Batch, QueuedGroup, groups_from_trajectories, groups_to_trajectories
-from .weight_sync import DistributedWeightSync, ElasticRouter, WeightPublisher
+from .weight_sync import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
 
 log = logging.getLogger("relax_gym.trainer.modes")
 LEDGER = "ledger.jsonl"
@@ -92,10 +91,13 @@ class Learner(Trainer):
         self.api_key = api_key
         self.router = await ElasticRouter(urls, api_key=api_key, request_timeout_s=c.rollout.request_timeout_s).start()
         a = c.async_rl
+        path: SyncPath
         if a.weight_sync == "distributed":
             path = "distributed"
+        elif c.engine.sync != "auto":
+            path = c.engine.sync
         else:
-            path = c.engine.sync if c.engine.sync != "auto" else ("tensor" if c.engine.kind == "embedded" else "disk")
+            path = "tensor" if c.engine.kind == "embedded" else "disk"
         distributed = None
         if path == "distributed":
             distributed = DistributedWeightSync(api_key=api_key, backend=a.broadcast_backend,
@@ -139,9 +141,31 @@ class Learner(Trainer):
         """Bring one engine (a joiner or a revived one) to the published weights."""
         return await self.publisher.bring_up_to_date(url)
 
+    async def track_engine(self, event: str, url: str) -> None:
+        """Keep this router's membership in step with the rollout side's (Ray runtime): an engine
+        added there is published to from now on; a removed one no longer is."""
+        url = url.rstrip("/")
+        known = next((h for h in self.router.engines if h.url == url), None)
+        if event == "added" and known is None:
+            await self.router.add_engine(url)
+        elif event == "removed" and known is not None:
+            await self.router.remove_engine(known.id, drain=False)
+
     def engine_info(self) -> dict[str, Any]:
         return {"urls": [h.url for h in self.router.engines], "api_key": self.api_key,
                 "version": self.state.weight_version}
+
+    def prepare_model_folder(self) -> str:
+        """Build (or find) the starting model folder, before engines that serve it start."""
+        from relax_gym.trainer.loop import prepare_model
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        return str(prepare_model(self.config, self.out))
+
+    def set_engines(self, urls: list[str], api_key: str | None) -> None:
+        """Use engines someone else started (the Ray runtime's engine actors)."""
+        self.engine_urls = list(urls)
+        self.given_api_key = api_key
 
     # ============================================================================================
     # opening: set-up, warm-up, RL start
@@ -311,7 +335,10 @@ class Learner(Trainer):
 
     # -- the ledger --------------------------------------------------------------------------------------
     def _write_ledger(self, batch: Batch, version: int) -> None:
-        trained, refused, stale, oldest = [], [], [], []
+        trained: list[str] = []
+        refused: list[str] = []
+        stale: list[int] = []
+        oldest: list[int] = []
         for group, marks, ok in zip(batch.groups, batch.staleness, batch.admitted, strict=True):
             for s, m, yes in zip(group.samples, marks, ok, strict=True):
                 (trained if yes else refused).append(s.sample_id)

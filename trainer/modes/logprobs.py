@@ -60,7 +60,7 @@ class LogprobWorker:
         """Load a published version (proximal worker)."""
         state = {n: t for n, t in named}
         with torch.no_grad():
-            missing, unexpected = self.backend.model.load_state_dict(state, strict=False)
+            _missing, unexpected = self.backend.model.load_state_dict(state, strict=False)
         if unexpected:
             raise ValueError(f"unknown weights for the proximal worker: {unexpected[:5]}")
         self.version = version
@@ -84,7 +84,7 @@ class LogprobWorker:
         while not self._stop.is_set():
             try:
                 groups: list[QueuedGroup] = await self.queue.claim(self.kind, self.claim_groups, version=self.version)
-            except Exception:  # noqa: BLE001 -- the queue went away: the run is ending
+            except Exception:
                 log.debug("logprob worker: claim failed", exc_info=True)
                 groups = []
             if not groups:
@@ -99,7 +99,7 @@ class LogprobWorker:
                 for group in groups:
                     await self.queue.annotate(self.kind, group.group_id, values[group.group_id], version=version)
                 self.annotated += sum(len(v) for v in values.values())
-            except Exception:  # noqa: BLE001 -- the trainer falls back to computing them itself
+            except Exception:
                 self.errors += 1
                 log.exception("%s logprob worker failed on %d groups", self.kind, len(groups))
 

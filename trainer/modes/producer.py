@@ -33,6 +33,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from relax_gym.trainer.loop.batching import ScoredSample, reward_inputs, select_groups
@@ -102,7 +103,7 @@ class RolloutProducer:
         self._regen: list[EpisodeSpec] = []
         self.counts: Counter[str] = Counter()
         self.dropped_ids: list[str] = []  # groups dropped whole before the queue (for audits)
-        self.rollout_stats: Counter[str] = Counter()
+        self.rollout_stats: dict[str, float] = {}
         self.timeline: list[tuple[float, float, int]] = []  # (start, end, version) per finished group
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._managers: set[RolloutManager] = set()
@@ -112,6 +113,8 @@ class RolloutProducer:
         self._next_reward = 0
         self._error: BaseException | None = None
         self._put_lock: asyncio.Lock | None = None
+        self._reward_failures_in_a_row = 0
+        self._fatal: BaseException | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -219,7 +222,7 @@ class RolloutProducer:
             manager = RolloutManager(self.router, self.codec, self.rollout_cfg)
             # episode ids (and the sampling seeds derived from them) depend only on the run seed
             # and the group id, whatever order groups interleave in
-            manager._run_id = f"{self.config.seed}-{spec.group}"  # noqa: SLF001
+            manager._run_id = f"{self.config.seed}-{spec.group}"
             self._managers.add(manager)
             try:
                 trajs = await manager.generate([spec])
@@ -227,7 +230,7 @@ class RolloutProducer:
                 self._managers.discard(manager)
                 for k, v in manager.metrics.snapshot().items():
                     if isinstance(v, (int, float)):
-                        self.rollout_stats[k] += v
+                        self.rollout_stats[k] = self.rollout_stats.get(k, 0.0) + v
             if self._stopping:
                 return  # stays pending; a resume regenerates it
             if trajs and all(t.stop_reason in ("engine_error", "aborted") for t in trajs):
@@ -242,7 +245,7 @@ class RolloutProducer:
                 del self.timeline[:10000]
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 -- one group must not stop production
+        except Exception as exc:
             log.exception("group %s failed in the producer", spec.group)
             self.counts["group_internal_errors"] += 1
             self._error = exc
@@ -258,6 +261,18 @@ class RolloutProducer:
         results = await score_with_retries(self.rewards, reward_inputs(trajs), retries=c.async_rl.reward_retries,
                                            counts=self.counts, start=self._next_reward)
         self._next_reward += 1
+        if results and all(r.failed and "worker" in r.errors for r in results):
+            self._reward_failures_in_a_row += 1
+            if self._reward_failures_in_a_row >= max(8, 2 * self.max_in_flight):
+                self._fatal = RuntimeError(
+                    f"the reward workers failed {self._reward_failures_in_a_row} calls in a row "
+                    f"(last: {results[0].error}); stopping the rollout rather than dropping every group")
+                self._stopping = True
+                async with self.cond:
+                    self.cond.notify_all()
+                return
+        else:
+            self._reward_failures_in_a_row = 0
         scored = [ScoredSample(t, r.total, r) for t, r in zip(trajs, results, strict=True)]
         sel = select_groups(scored, failed_reward=c.rewards.failed,
                             drop_zero_variance=c.train.dynamic_sampling.enabled)
@@ -306,8 +321,6 @@ class RolloutProducer:
 
     # -- views ----------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
-        if self._error is not None and isinstance(self._error, Exception) and self._loop_task is None:
-            raise RuntimeError(f"the rollout producer failed: {self._error}")
         out = {f"producer/{k}": float(v) for k, v in sorted(self.counts.items())}
         out["producer/in_flight_groups"] = float(len(self._in_flight))
         out["producer/pending_groups"] = float(len(self.pending) + len(self._regen))
@@ -321,7 +334,14 @@ class RolloutProducer:
         return out
 
     def healthy(self) -> bool:
-        return self._loop_task is not None and not self._loop_task.done()
+        return self._fatal is None and self._loop_task is not None and not self._loop_task.done()
+
+    def check(self) -> None:
+        """Raise when production has stopped for good (the trainer would wait forever)."""
+        if self._fatal is not None:
+            raise RuntimeError(f"rollout production stopped: {self._fatal}") from self._fatal
+        if self._error is not None and (self._loop_task is None or self._loop_task.done()):
+            raise RuntimeError(f"the rollout producer failed: {self._error}") from self._error
 
     async def engines(self) -> list[dict[str, Any]]:
         return self.router.list_engines()
@@ -333,10 +353,29 @@ class RolloutProducer:
     async def remove_engine(self, engine_id: str, timeout_s: float | None = None) -> None:
         await self.router.remove_engine(engine_id, drain=True, wait=True, timeout_s=timeout_s)
 
+    # -- router and control API (the Ray runtime's rollout actor owns its router) -------------------
+    async def open_router(self) -> None:
+        await self.router.start()
+
+    async def start_control(self, port: int, token: str | None, out_dir: str) -> str:
+        """Serve the elastic control API on 127.0.0.1 against this producer's router; writes
+        ``<out>/control.json`` (url + token, mode 0600). Returns the URL."""
+        from relax_gym.trainer.rollout import ControlServer
+
+        from .runner import write_control_file
+
+        self._control = await ControlServer(self.router, token=token, port=port).start()
+        write_control_file(Path(out_dir), self._control.url, self._control.token)
+        return str(self._control.url)
+
     async def close(self) -> None:
         await self.stop()
-        with contextlib.suppress(Exception):
-            if self.owns_pause:
+        control = getattr(self, "_control", None)
+        if control is not None:
+            await control.stop()
+            self._control = None
+        if self.owns_pause:
+            with contextlib.suppress(Exception):
                 await self.router.close()
 
 

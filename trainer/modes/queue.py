@@ -34,8 +34,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from relax_gym.errors import RelaxGymError
 from relax_gym.trainer.rollout import Trajectory
+
+from relax_gym.errors import RelaxGymError
 
 StalePolicy = Literal["drop", "correct"]
 AnnotationKind = Literal["ref", "prox"]
@@ -334,6 +335,14 @@ class TrajectoryQueue:
                 except TimeoutError:
                     continue
 
+    async def next_batch(self, n_groups: int, *, timeout_s: float) -> Batch | None:
+        """:meth:`get_batch`, but None when nothing is ready in time (no exception to carry
+        across processes: the caller checks the producer's health and asks again)."""
+        try:
+            return await self.get_batch(n_groups, timeout_s=timeout_s)
+        except QueueTimeout:
+            return None
+
     async def close(self) -> None:
         self._closed = True
         await self._notify()
@@ -347,7 +356,7 @@ class TrajectoryQueue:
     def claim(self, kind: AnnotationKind, max_groups: int, *, version: int = 0) -> list[QueuedGroup]:
         """Groups (oldest first) with samples still needing ``kind`` logprobs, not claimed by
         another worker at this version. ``version`` is the worker's weight version (prox)."""
-        out = []
+        out: list[QueuedGroup] = []
         claims = self._claims[kind]
         for group in sorted(self._groups.values(), key=lambda g: (g.min_version, g.seq)):
             if len(out) >= max_groups:

@@ -11,8 +11,10 @@ scores 0 as ``rewards.failed`` says. Nothing is lost silently: every retry and f
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -42,17 +44,40 @@ class RewardWorker:
         return self.calls
 
 
+async def wait_until_ready(worker: Any, timeout_s: float) -> bool:
+    """Ping a worker until it answers (a crashed actor restarts in the meantime); False if it
+    does not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    while True:
+        try:
+            await worker.ping()
+            return True
+        except Exception:  # noqa: BLE001 -- unavailable or restarting: wait and ask again
+            if time.monotonic() + delay > deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
+
+
 async def score_with_retries(workers: Sequence[Any], inputs: list[RewardInput], *, retries: int,
-                             counts: Counter[str], start: int = 0) -> list[RewardResult]:
-    """Score with the workers in turn (role objects with an async ``score``); a worker that
-    raises is retried on the next one, up to ``retries`` times; then every sample gets a failed
-    result naming the last error."""
+                             counts: Counter[str], start: int = 0, recover_timeout_s: float = 120.0
+                             ) -> list[RewardResult]:
+    """Score with the workers in turn (role objects with async ``score`` and ``ping``). A call
+    that raises -- the worker crashed under it -- is retried, on the next worker once that one
+    answers again (a restarted actor), up to ``retries`` times; then every sample gets a failed
+    result naming the last error. Waiting for a restart is not an attempt; a crash is (and so is a
+    worker that does not come back within ``recover_timeout_s``)."""
     if not workers:
         raise ValueError("no reward worker")
     order = itertools.islice(itertools.cycle(range(len(workers))), start, None)
     last: BaseException | None = None
     for attempt in range(retries + 1):
         worker = workers[next(order)]
+        if not await wait_until_ready(worker, recover_timeout_s):
+            last = TimeoutError(f"the reward worker did not come back within {recover_timeout_s:.0f} s")
+            counts["reward_worker_errors"] += 1
+            continue
         try:
             results = list(await worker.score(inputs))
         except Exception as exc:  # noqa: BLE001 -- a crashed worker must not stop the rollout

@@ -47,14 +47,15 @@ class LocalRole(Role):
 
 
 class RayRole(Role):
-    """A Ray actor handle (picklable: roles travel to other actors)."""
+    """A Ray actor hosting a role object behind ``call(name, *args)`` (see ``ray_runtime``);
+    picklable, so roles travel to other actors."""
 
     def __init__(self, actor: Any, name: str = "") -> None:
         self.actor = actor
         self.name = name
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self.actor, name).remote(*args, **kwargs)
+        return await self.actor.call.remote(name, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"RayRole({self.name})"

@@ -88,7 +88,7 @@ class EmbeddedRuntime:
 
     def __init__(self) -> None:
         self._learner: Any = None
-        self._control: Any = None
+        self._producer: Any = None
 
     async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role:
         from .learner import Learner
@@ -107,7 +107,7 @@ class EmbeddedRuntime:
         queue = TrajectoryQueue(capacity=a.capacity(c.rollout.prompts_per_step), max_staleness=a.max_staleness,
                                 stale_policy=a.stale_policy, version=int(info["version"]))
         queue_role = LocalRole(queue)
-        rewards = [LocalRole(RewardWorker(c.rewards.entries, c.rewards.per_env, c.rewards.timeout_s))]
+        rewards: list[Role] = [LocalRole(RewardWorker(c.rewards.entries, c.rewards.per_env, c.rewards.timeout_s))]
         lrn = self._learner
         producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False)
         roles = Roles(learner=learner, queue=queue_role, rollout=LocalRole(producer), rewards=rewards)
@@ -125,16 +125,14 @@ class EmbeddedRuntime:
                 worker.update(int(info["version"]), current_weights(lrn.backend))
                 roles.prox_worker = LocalRole(worker)
         if a.control_port is not None:
-            from relax_gym.trainer.rollout import ControlServer
-
-            self._control = await ControlServer(lrn.router, token=a.control_token, port=a.control_port).start()
-            write_control_file(c.out_dir, self._control.url, self._control.token)
+            await producer.start_control(a.control_port, a.control_token, str(c.out_dir))
+        self._producer = producer
         return roles
 
     async def shutdown(self) -> None:
-        if self._control is not None:
-            await self._control.stop()
-            self._control = None
+        if self._producer is not None:
+            await self._producer.close()
+            self._producer = None
 
 
 def write_control_file(out_dir: Path, url: str, token: str) -> None:
@@ -164,25 +162,28 @@ class AsyncRunner:
     async def run(self) -> RunSummary:
         c = self.config
         self.started_at = time.time()
-        learner = await self.runtime.make_learner(c, resume=self.resume)
         curves: str | None = None
-        summary: dict[str, Any] = {}
+        summary: dict[str, Any] = {"steps": 0}
+        learner: Role | None = None
         try:
+            learner = await self.runtime.make_learner(c, resume=self.resume)
             info = await learner.open()
-            if info["done"]:
-                summary = {"steps": info["step"], "first_eval": {}, "final_eval": {}, "elapsed_s": 0.0}
-                return self._summary(summary, None)
-            roles = self.roles = await self.runtime.make_data_plane(c, learner, info)
-            try:
-                await self._prepare(roles, info)
-                await self._loop(roles, int(info["step"]))
-                summary = await self._finish(roles)
-            finally:
-                await self._stop_workers(roles)
-                await self.runtime.shutdown()
+            summary = {"steps": info["step"]}
+            if not info["done"]:
+                roles = self.roles = await self.runtime.make_data_plane(c, learner, info)
+                try:
+                    await self._prepare(roles, info)
+                    await self._loop(roles, int(info["step"]))
+                    summary = await self._finish(roles)
+                finally:
+                    await self._stop_workers(roles)
         finally:
-            with contextlib.suppress(Exception):
-                curves = await learner.close()
+            try:
+                if learner is not None:
+                    with contextlib.suppress(Exception):
+                        curves = await learner.close()
+            finally:
+                await self.runtime.shutdown()
         return self._summary(summary, curves)
 
     def _summary(self, summary: dict[str, Any], curves: str | None) -> RunSummary:
@@ -217,7 +218,7 @@ class AsyncRunner:
         B = c.rollout.prompts_per_step
         while step < c.train.steps:
             start = time.time()
-            batch = await roles.queue.get_batch(B, timeout_s=c.async_rl.step_timeout_s)
+            batch = await self._next_batch(roles, B)
             metrics = await roles.learner.train(batch)
             await roles.rollout.pause()
             version, evicted, published = batch.version, [], step
@@ -243,6 +244,21 @@ class AsyncRunner:
             await roles.learner.end_step(step, metrics)
             if await roles.learner.checkpoint_due(step):
                 await self._checkpoint(roles, f"step_{step:06d}")
+
+    async def _next_batch(self, roles: Roles, groups: int) -> Any:
+        """Wait for a batch, checking every few seconds that the producer still produces (a
+        producer that failed for good raises here instead of leaving the trainer waiting)."""
+        deadline = time.monotonic() + self.config.async_rl.step_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                stats = await roles.queue.stats()
+                raise TimeoutError(f"no batch of {groups} groups within {self.config.async_rl.step_timeout_s:.0f} s "
+                                   f"(queue: {stats}); are the engines alive?")
+            batch = await roles.queue.next_batch(groups, timeout_s=min(5.0, remaining))
+            if batch is not None:
+                return batch
+            await roles.rollout.check()
 
     async def _checkpoint(self, roles: Roles, name: str) -> str:
         # taken together: no group moves between the producer's pending set and the queue meanwhile

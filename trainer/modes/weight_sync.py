@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 import httpx
 import torch
-
-from relax_gym.protocol import EngineClient, EngineError
 from relax_gym.trainer.backend import TrainerBackend
 from relax_gym.trainer.rollout import EngineHandle, EngineRouter, WeightSyncError
 from relax_gym.trainer.weight_sync import SyncResult, WeightSyncFailed
+
+from relax_gym.protocol import EngineClient, EngineError
 
 log = logging.getLogger("relax_gym.trainer.modes")
 
@@ -124,7 +124,7 @@ class DistributedWeightSync:
             self._members = ()
             try:
                 await bc.close()
-            except Exception:  # noqa: BLE001 -- engines may be gone; the group is dropped either way
+            except Exception:
                 log.debug("closing the weight group failed", exc_info=True)
 
 
@@ -277,24 +277,44 @@ class ElasticRouter(EngineRouter):
     """An :class:`EngineRouter` whose joining or reviving engines get the trainer's current
     weights before they take traffic (``provider(url)`` pushes them and returns the version)."""
 
-    def __init__(self, *args: Any, provider: WeightsProvider | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, provider: WeightsProvider | None = None,
+                 on_change: Callable[[str, str], Awaitable[Any]] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.provider = provider
+        self.on_change = on_change  # ("added" | "removed", url): keeps another router in step
         self.events.setdefault("joined_with_weights", 0)
+
+    async def add_engine(self, url: str, *, engine_id: str | None = None) -> EngineHandle:
+        handle = await super().add_engine(url, engine_id=engine_id)
+        if self.on_change is not None:
+            await self.on_change("added", handle.url)
+        return handle
+
+    async def remove_engine(self, engine_id: str, *, drain: bool = True, wait: bool = True,
+                            timeout_s: float | None = None) -> None:
+        handle = self.get(engine_id)
+        url = handle.url if handle is not None else None
+        await super().remove_engine(engine_id, drain=drain, wait=wait, timeout_s=timeout_s)
+        if self.on_change is not None and url is not None:
+            await self.on_change("removed", url)
 
     async def _bring_to_current_weights(self, handle: EngineHandle) -> None:
         if self.provider is None:
             await super()._bring_to_current_weights(handle)
             return
+        info = await handle.client.model_info()
+        if self.weight_version is not None and info.weight_version == self.weight_version:
+            handle.weight_version = info.weight_version  # already serves the current version
+            return
         for _ in range(3):  # a publish may land between the push and the check: push again
             pushed = await self.provider(handle.url)
             info = await handle.client.model_info()
             wanted = self.weight_version if pushed is None else pushed
-            if wanted is None or info.weight_version == wanted:
-                if self.weight_version is None or info.weight_version == self.weight_version:
-                    handle.weight_version = info.weight_version
-                    self.events["joined_with_weights"] += 1
-                    return
+            if (wanted is None or info.weight_version == wanted) and (
+                    self.weight_version is None or info.weight_version == self.weight_version):
+                handle.weight_version = info.weight_version
+                self.events["joined_with_weights"] += 1
+                return
         raise WeightSyncError(
             f"engine {handle.id} reports weight version {info.weight_version!r}, expected {self.weight_version!r}")
 

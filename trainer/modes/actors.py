@@ -1,0 +1,124 @@
+"""What runs inside each Ray actor of the Ray runtime (see ``ray_runtime``).
+
+Kept free of heavy imports at module level: Ray imports this module in every actor process, and
+a reward worker that restarts after a crash should be back in seconds, without loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+from typing import Any
+
+
+def import_modules(names: list[str]) -> None:
+    for name in names:
+        importlib.import_module(name)
+
+
+# ------------------------------------------------------------------------------------------------
+# what runs inside each actor
+# ------------------------------------------------------------------------------------------------
+class EngineHost:
+    """An embedded engine served by this actor's process tree, on the node's address."""
+
+    def __init__(self, model_path: str, api_key: str, *, seed: int, max_batch_size: int, threads: int | None,
+                 log_file: str, startup_timeout_s: float, local: bool) -> None:
+        import ray
+        from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+
+        # Ray registers even a local node under the machine's address (it resolves 127.0.0.1
+        # away), so "local" comes from the runtime: a cluster it started itself
+        self.node_ip = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        extra = ["--max-batch-size", str(max_batch_size), "--seed", str(seed), "--weight-version", "0"]
+        if not local:  # other nodes must reach it: every route then needs the token
+            extra += ["--host", "0.0.0.0", "--protect-generation"]
+        self.proc = EmbeddedEngineProcess(model_path, api_key=api_key, extra_args=extra, log_file=log_file,
+                                          threads=threads, startup_timeout_s=startup_timeout_s)
+        self.proc.start()
+
+    def url(self) -> str:
+        assert self.proc.port is not None
+        return f"http://{self.node_ip}:{self.proc.port}"
+
+    def pid(self) -> int:
+        assert self.proc.proc is not None
+        return int(self.proc.proc.pid)
+
+    def kill(self) -> None:
+        """Fault injection: the engine dies at once."""
+        self.proc.kill()
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+class RoleActor:
+    """Hosts one role object; ``call(name, ...)`` runs its method (awaiting coroutines)."""
+
+    def __init__(self, kind: str, config_data: dict[str, Any], kwargs: dict[str, Any]) -> None:
+        logging.basicConfig(level=logging.WARNING)
+        imports = list(config_data.get("async_rl", {}).get("imports", []))
+        import_modules(imports)
+        self.kind = kind
+        if kind == "reward":  # no training config (and no torch) in a reward worker
+            from .rewards import RewardWorker
+
+            r = config_data.get("rewards", {})
+            self.obj: Any = RewardWorker(r.get("entries", [{"name": "env"}]), r.get("per_env") or None,
+                                         float(r.get("timeout_s", 60.0)), imports=imports)
+            return
+        from .config import ModesTrainConfig
+
+        config = ModesTrainConfig.model_validate(config_data)
+        if config.threads:
+            import torch
+
+            torch.set_num_threads(config.threads)
+        self.obj = _build(kind, config, kwargs)
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.obj, name)(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def ready(self) -> str:
+        return self.kind
+
+
+def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
+    if kind == "learner":
+        from .learner import Learner
+
+        return Learner(config, resume=bool(kw.get("resume", False)))
+    if kind == "engine":
+        return EngineHost(**kw)
+    if kind == "queue":
+        from .queue import TrajectoryQueue
+
+        a = config.async_rl
+        return TrajectoryQueue(capacity=a.capacity(config.rollout.prompts_per_step), max_staleness=a.max_staleness,
+                               stale_policy=a.stale_policy, version=int(kw.get("version", 0)))
+    if kind == "rollout":
+        from relax_gym.trainer.rollout import ChatCodec
+
+        from .producer import RolloutProducer
+        from .weight_sync import ElasticRouter
+
+        learner = kw["learner"]
+        router = ElasticRouter(kw["urls"], api_key=kw["api_key"], request_timeout_s=config.rollout.request_timeout_s,
+                               provider=lambda url: learner.push_weights_to(url),
+                               on_change=lambda event, url: learner.track_engine(event, url))
+        codec = ChatCodec.from_pretrained(kw["model_path"], template_kwargs=dict(config.model.template_kwargs))
+        return RolloutProducer(config, codec, router, kw["queue"], list(kw["rewards"]), owns_pause=True)
+    if kind == "logprob":
+        from .logprobs import LogprobWorker
+
+        return LogprobWorker(kw["which"], kw["model_path"], kw["queue"], temperature=config.rollout.temperature,
+                             micro_batch_size=config.train.micro_batch_size)
+    raise ValueError(f"unknown role kind {kind!r}")
+
+
+__all__ = ["EngineHost", "RoleActor", "import_modules"]
