@@ -4,8 +4,9 @@
     python bench/rollout.py overhead    # the manager's own CPU cost per turn at 256 episodes
     python bench/rollout.py             # both
 
-**schedule** -- one embedded engine (a tiny random Qwen3 with the real tokenizer) serves both
-modes in the same run, on the same episodes: a bench-only multi-turn tool env whose turn count
+**schedule** -- one embedded engine (a tiny random Qwen3; by default with the tiny 512-token BPE,
+see ``--tokenizer``) serves both modes in the same run, on the same episodes with the same
+per-request sampling seeds: a bench-only multi-turn tool env whose turn count
 is heavy-tailed (Pareto) and whose responses are long-tailed (a per-episode token budget drawn
 from a Pareto law, and a random stop-token set that ends each response after a geometric
 number of tokens). Reports wall time, the speed-up, the engine's busy fraction (its scheduler's
@@ -187,21 +188,23 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
     from relax_gym.trainer.models import build_tiny_model
     from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
 
-    folder = build_tiny_model("qwen3", Path(tempfile.mkdtemp(prefix="bench-rollout-")) / "tiny-qwen3")
+    folder = build_tiny_model("qwen3", Path(tempfile.mkdtemp(prefix="bench-rollout-")) / "tiny-qwen3",
+                              tokenizer=args.tokenizer)
     codec = ChatCodec.from_pretrained(folder)
     vocab = len(codec.tokenizer)
     rng = np.random.default_rng(0)
     # a random set of stop tokens: with a near-uniform random model each token stops the turn with
     # probability ~ len(stops)/vocab, so response lengths are geometric below the episode's budget
-    stops = [int(t) for t in rng.choice(vocab - 1000, size=int(vocab / args.mean_response), replace=False)]
-    budgets = [int(min(args.max_new_tokens, 16 + 16 * rng.pareto(1.5))) for _ in range(args.episodes)]
+    plain = sorted(set(range(vocab)) - {int(i) for i in codec.tokenizer.added_tokens_decoder})
+    stops = [int(t) for t in rng.choice(plain, size=max(1, int(vocab / args.mean_response)), replace=False)]
+    budgets = [int(min(args.max_new_tokens, args.budget_scale * (1 + rng.pareto(1.5)))) for _ in range(args.episodes)]
     specs = [EpisodeSpec("bench/LongTailTool", seed=i, env_factory=LongTailToolEnv, max_new_tokens=budgets[i])
              for i in range(args.episodes)]
     planned = [LongTailToolEnv().reset(seed=i)[1]["planned_turns"] for i in range(args.episodes)]
     engine = EmbeddedEngineProcess(folder, threads=args.engine_threads,
                                    extra_args=["--max-batch-size", str(args.concurrency)])
     engine.start()
-    results: dict[str, Any] = {"episodes": args.episodes, "concurrency": args.concurrency,
+    results: dict[str, Any] = {"episodes": args.episodes, "concurrency": args.concurrency, "tokenizer": args.tokenizer,
                                "turns_planned": sum(planned), "turns_max": max(planned),
                                "budget_median": statistics.median(budgets), "budget_max": max(budgets)}
     try:
@@ -217,8 +220,13 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
                 after = await _server_info(engine.url)
                 steps = after["decode_steps"] - before["decode_steps"]
                 gen = after["generated_tokens"] - before["generated_tokens"]
-                return {"wall_s": wall, "busy": (after["busy_seconds"] - before["busy_seconds"]) / wall,
+                busy = after["busy_seconds"] - before["busy_seconds"]
+                forward = after["forward_seconds"] - before["forward_seconds"]
+                return {"wall_s": wall, "busy": busy / wall, "forward_share_of_busy": forward / max(busy, 1e-9),
                         "batch": gen / max(1, steps), "tokens": gen, "turns": manager.metrics.turns,
+                        "decode_steps": steps, "prefill_batches": after["prefill_batches"] - before["prefill_batches"],
+                        "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
+                        "cached_tokens": after["cached_tokens"] - before["cached_tokens"],
                         "ok": sum(t.stop_reason == "env_done" for t in trajs)}
 
             await one("async", specs[: args.concurrency // 4])  # warm-up
@@ -226,8 +234,10 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
                 for mode in ("turn_sync", "async"):
                     r = await one(mode, specs)
                     results.setdefault(mode, []).append(r)
-                    print(f"  {mode:9s} rep {rep}: {r['wall_s']:.1f} s, busy {r['busy']:.0%}, "
-                          f"batch {r['batch']:.1f}, {r['tokens']} tokens, {r['turns']} turns, {r['ok']} ok", flush=True)
+                    print(f"  {mode:9s} rep {rep}: {r['wall_s']:.1f} s, busy {r['busy']:.0%} (forward "
+                          f"{r['forward_share_of_busy']:.0%} of it), batch {r['batch']:.1f}, {r['tokens']} tokens, "
+                          f"{r['decode_steps']} steps, {r['prefill_batches']} prefill batches, "
+                          f"{r['prefill_tokens']} prefill tokens ({r['cached_tokens']} cached), {r['ok']} ok", flush=True)
     finally:
         engine.stop()
     for mode in ("turn_sync", "async"):
@@ -279,11 +289,17 @@ async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", nargs="?", choices=["schedule", "overhead", "all"], default="all")
-    parser.add_argument("--episodes", type=int, default=96)
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--max-new-tokens", type=int, default=192)
-    parser.add_argument("--mean-response", type=float, default=48.0, help="mean tokens before a random stop token")
+    parser.add_argument("--episodes", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=16, help="the embedded engine saturates at a batch of ~16 here")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--budget-scale", type=float, default=32.0,
+                        help="per-episode token budget per turn: scale * (1 + Pareto(1.5)), capped at --max-new-tokens")
+    parser.add_argument("--mean-response", type=float, default=96.0, help="mean tokens before a random stop token")
     parser.add_argument("--engine-threads", type=int, default=1)
+    parser.add_argument("--tokenizer", choices=["tiny-bpe", "qwen3"], default="tiny-bpe",
+                        help="tiny-bpe (512 tokens): the CPU engine's decode step is then dominated by its fixed "
+                        "per-step cost, as a GPU engine's is; qwen3 (151k): the per-row lm_head and sampling over "
+                        "151k logits make a CPU step linear in the batch, so no scheduler can gain there")
     parser.add_argument("--overhead-episodes", type=int, default=1024)
     parser.add_argument("--overhead-concurrency", type=int, default=256)
     parser.add_argument("--fast-tokens", type=int, default=16, help="tokens per reply of the fast engine")

@@ -15,7 +15,17 @@ from typing import Any
 
 import httpx
 import pytest
-from relax_gym.trainer.rollout import ChatCodec, ControlServer, EngineRouter, RolloutConfig, RolloutManager
+from relax_gym.trainer.rollout import (
+    ChatCodec,
+    ControlServer,
+    EngineRouter,
+    RolloutConfig,
+    RolloutManager,
+    WeightSyncError,
+    parse_weight_version,
+)
+
+from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
 
 from .test_episode import assert_tool_structure, tool_specs
 
@@ -100,3 +110,27 @@ async def test_kill_one_of_two_engines_mid_rollout(qwen3_engine: Any, second_eng
             assert engines.index(first.id) > 0  # resumed on the survivor after the failure
     assert moved >= 1 and manager.metrics.failovers >= 1
     assert router.events["marked_unhealthy"] >= 1
+
+
+async def test_weight_sync_hook_runs_before_an_engine_takes_traffic(qwen3_engine: Any, tiny_qwen3: Path) -> None:
+    calls: list[tuple[str, str]] = []
+
+    async def push(handle: Any, version: str) -> None:  # the trainer's own transport would go here
+        calls.append((handle.url, version))
+        await handle.client.update_weights_from_disk(
+            UpdateWeightsFromDiskRequest(model_path=str(tiny_qwen3), weight_version=version))
+
+    async def forget(handle: Any, version: str) -> None:
+        calls.append((handle.url, "nothing"))
+
+    async with EngineClient(qwen3_engine.url) as client:
+        current = parse_weight_version((await client.model_info()).weight_version)
+    async with EngineRouter([], weight_sync=forget) as router:
+        router.set_current_weights(current + 1)
+        with pytest.raises(WeightSyncError, match="expected"):
+            await router.add_engine(qwen3_engine.url)
+        assert router.engines == []  # a failed sync never takes traffic
+        router.weight_sync = push
+        handle = await router.add_engine(qwen3_engine.url)
+        assert handle.state == "ready" and handle.weight_version == str(current + 1)
+    assert calls == [(qwen3_engine.url, "nothing"), (qwen3_engine.url, str(current + 1))]

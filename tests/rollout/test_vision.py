@@ -8,7 +8,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
+from relax_gym.trainer.rollout import (
+    ChatCodec,
+    EngineRouter,
+    EpisodeSpec,
+    RolloutConfig,
+    RolloutManager,
+    load_jsonl,
+    save_jsonl,
+)
 
 from relax_gym import ImagePart
 
@@ -16,7 +24,7 @@ from .envs import ImageTurnsEnv
 from .forward import load_model, max_sampled_diff
 
 
-async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path) -> None:
+async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path, tmp_path: Path) -> None:
     codec = ChatCodec.from_pretrained(tiny_qwen3_vl)
     assert codec.vision is not None
     specs = [EpisodeSpec("test/ImageTurns", seed=s, env_factory=lambda: ImageTurnsEnv(turns=3)) for s in (0, 1)]
@@ -42,6 +50,11 @@ async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path) -> None:
         assert sum(traj.mm_token_type_ids) == sum(codec.vision.pad_count(g) for g in traj.image_grid_thw)
         assert all(m == 0 for m, t in zip(traj.loss_mask, traj.mm_token_type_ids) if t)
         worst = max(worst, max_sampled_diff(model, traj, codec.vision.image_processor))
+    # replay: the JSONL + media round trip rebuilds the same forward-pass inputs
+    (back,) = load_jsonl(save_jsonl(trajs[:1], tmp_path / "vl.jsonl"))
+    assert back.token_ids == trajs[0].token_ids and back.image_grid_thw == trajs[0].image_grid_thw
+    assert max_sampled_diff(model, back, codec.vision.image_processor) == max_sampled_diff(
+        model, trajs[0], codec.vision.image_processor)
     print(f"\nQwen3-VL max |engine logprob - fresh forward logprob| (fp32): {worst:.2e}")
     assert worst < 1e-4
     assert manager.metrics.engine_prompt_mismatch == 0  # the engine saw exactly our expanded ids

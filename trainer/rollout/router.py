@@ -23,7 +23,7 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
@@ -140,6 +140,7 @@ class EngineRouter:
         max_connections: int = 256,
         connections_per_shard: int = 16,
         client_factory: Callable[[str, int], EngineClient] | None = None,
+        weight_sync: Callable[[EngineHandle, str], Awaitable[None]] | None = None,
     ) -> None:
         self._initial_urls = list(urls)
         self.api_key = api_key
@@ -153,6 +154,8 @@ class EngineRouter:
             lambda url, n: EngineClient(url, api_key=api_key, timeout_s=request_timeout_s, max_connections=n)
         )
         self._per_shard = per_shard
+        # brings a new or revived engine to the current weights; default: update_weights_from_disk
+        self.weight_sync = weight_sync
         self._engines: dict[str, EngineHandle] = {}
         self._bindings: dict[str, EngineHandle] = {}  # session -> engine
         self._ids = itertools.count()
@@ -359,21 +362,32 @@ class EngineRouter:
 
     # -- weights ------------------------------------------------------------------------------------
     async def _bring_to_current_weights(self, handle: EngineHandle) -> None:
-        """Load the current checkpoint into ``handle`` (if one was recorded) and verify the engine
-        reports the current weight version."""
+        """Bring ``handle`` to the current weights and verify ``/get_model_info`` reports the current
+        version. The sync is the ``weight_sync`` hook when one was given (e.g. the trainer pushing
+        tensors), else ``/update_weights_from_disk`` with the recorded checkpoint."""
         info = await handle.client.model_info()
-        if self.weights_path is not None and info.weight_version != self.weight_version:
-            await handle.client.update_weights_from_disk(
-                UpdateWeightsFromDiskRequest(model_path=self.weights_path, weight_version=self.weight_version)
-            )
+        if self.weight_version is not None and info.weight_version != self.weight_version:
+            if self.weight_sync is not None:
+                await self.weight_sync(handle, self.weight_version)
+            elif self.weights_path is not None:
+                await handle.client.update_weights_from_disk(
+                    UpdateWeightsFromDiskRequest(model_path=self.weights_path, weight_version=self.weight_version)
+                )
             info = await handle.client.model_info()
             self.events["weight_syncs"] += 1
         if self.weight_version is not None and info.weight_version != self.weight_version:
             raise WeightSyncError(
                 f"engine {handle.id} reports weight version {info.weight_version!r}, expected {self.weight_version!r}"
-                + ("" if self.weights_path else " (no checkpoint recorded to sync it from)")
+                + ("" if self.weights_path or self.weight_sync else " (no checkpoint or hook to sync it from)")
             )
         handle.weight_version = info.weight_version
+
+    def set_current_weights(self, weight_version: str | int, model_path: str | None = None) -> None:
+        """Record the weights every engine should serve (for engines added or revived later) when
+        the caller updated the live engines itself, e.g. through the ``weight_sync`` hook."""
+        self.weight_version = str(weight_version)
+        if model_path is not None:
+            self.weights_path = model_path
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | int) -> None:
         """Load a checkpoint into every live engine and record it for engines added later.
