@@ -317,8 +317,11 @@ async def test_next_turn_reuses_the_cached_prefix(
 async def test_client_disconnect_aborts_the_request(text_engine: EmbeddedEngineProcess, ids: list[int]) -> None:
     before = await server_info(text_engine.url)
     async with httpx.AsyncClient(base_url=text_engine.url, timeout=60) as http:
-        task = asyncio.create_task(http.post("/generate", json={
-            "input_ids": ids, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}))
+        task = asyncio.create_task(
+            http.post(
+                "/generate", json={"input_ids": ids, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+            )
+        )
         await wait_for_tokens(text_engine.url, 5)
         task.cancel()  # the client goes away mid-generation
         with pytest.raises(asyncio.CancelledError):

@@ -274,5 +274,11 @@ def test_safetensors_items_round_trip_tied_weights() -> None:
     back = dict(decode_named_tensors(encode_named_tensors(named)))
     assert torch.equal(back["lm_head.weight"], shared) and torch.equal(back["model.embed_tokens.weight"], shared)
     assert torch.equal(back["b"], torch.arange(5))
+    # The tied tensor travels once; a view that merely overlaps is copied.
+    single = len(encode_named_tensors([("a", torch.randn(64, 64))]))
+    big = torch.randn(64, 64)
+    assert len(encode_named_tensors([("a", big), ("b", big)])) < 1.1 * single
+    overlap = dict(decode_named_tensors(encode_named_tensors([("a", big), ("b", big[1:])])))
+    assert torch.equal(overlap["b"], big[1:])
     sizes = [len(b) for b in buckets(named, bucket_bytes=60)]
     assert sizes == [1, 1, 1] and sum(len(b) for b in buckets(named, 1 << 20)) == 3

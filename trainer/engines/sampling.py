@@ -63,30 +63,29 @@ def make_generator(seed: int) -> torch.Generator:
 _CANDIDATES = 1024  # top-k / top-p / min-p look at this many best tokens first
 
 
-def _sample_truncated(row: torch.Tensor, lse: torch.Tensor, spec: SamplingSpec, gen: torch.Generator) -> int:
+def _sample_truncated(probs: torch.Tensor, spec: SamplingSpec, gen: torch.Generator) -> int:
     """Sample one row under top-k, then top-p (on the top-k-renormalised mass), then min-p.
 
-    Only the best ``_CANDIDATES`` tokens are sorted when they provably hold every token the
-    filters can keep; otherwise the whole row is sorted.
+    ``probs`` is the row's full (temperature-scaled) distribution. Only the best
+    ``_CANDIDATES`` tokens are sorted when they provably hold every token the filters can keep;
+    otherwise the whole row is sorted.
     """
-    vocab = row.numel()
+    vocab = probs.numel()
     k = spec.top_k if 1 < spec.top_k < vocab else vocab
     c = min(k, _CANDIDATES)
-    vals, ids = torch.topk(row, c)
-    probs = (vals - lse).exp()  # probabilities under the full (scaled) distribution
+    top, ids = torch.topk(probs, c)
     exact = (
         c == k
-        or (spec.top_p < 1.0 and float(probs.sum()) >= spec.top_p)
-        or (spec.min_p > 0.0 and float(probs[-1]) < spec.min_p * float(probs[0]))
+        or (spec.top_p < 1.0 and float(top.sum()) >= spec.top_p)
+        or (spec.min_p > 0.0 and float(top[-1]) < spec.min_p * float(top[0]))
     )
     if exact:
-        mass = probs.sum() if c == k else torch.tensor(1.0)
+        mass = top.sum() if c == k else torch.tensor(1.0)
     else:
-        vals, ids = torch.sort(row, descending=True)
-        vals, ids = vals[:k], ids[:k]
-        probs = (vals - lse).exp()
-        mass = probs.sum()
-    p = probs / mass
+        top, ids = torch.sort(probs, descending=True)
+        top, ids = top[:k], ids[:k]
+        mass = top.sum()
+    p = top / mass
     keep = torch.ones_like(p, dtype=torch.bool)
     if spec.top_p < 1.0:
         keep &= (torch.cumsum(p, dim=0) - p) < spec.top_p
@@ -98,6 +97,37 @@ def _sample_truncated(row: torch.Tensor, lse: torch.Tensor, spec: SamplingSpec, 
     return int(ids[j])
 
 
+def _block_size(vocab: int) -> int | None:
+    """A divisor of ``vocab`` near its square root for two-level sampling (None: small vocab)."""
+    if vocab < 16384:
+        return None
+    root = vocab**0.5
+    divisors = [d for d in range(64, 8193) if vocab % d == 0]
+    return min(divisors, key=lambda d: abs(d - root)) if divisors else None
+
+
+def _invert_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverting its CDF at ``uniforms`` (each row handled on its own).
+
+    For large vocabularies the CDF is walked in two levels (block sums, then one block), which
+    costs one pass over ``probs`` instead of a full cumulative sum.
+    """
+    rows, vocab = probs.shape
+    block = _block_size(vocab)
+    if block is None:
+        cdf = torch.cumsum(probs, dim=-1)
+        picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
+        return picks.clamp_(max=vocab - 1)
+    blocks = probs.view(rows, vocab // block, block)
+    cdf_blocks = torch.cumsum(blocks.sum(dim=-1), dim=-1)
+    target = uniforms * cdf_blocks[:, -1]
+    b = torch.searchsorted(cdf_blocks, target[:, None], right=True).clamp_(max=cdf_blocks.shape[1] - 1)
+    before = torch.where(b > 0, cdf_blocks.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target[:, None]))
+    inner = torch.cumsum(blocks.gather(1, b[:, :, None].expand(rows, 1, block)).squeeze(1), dim=-1)
+    j = torch.searchsorted(inner, (target[:, None] - before), right=True).clamp_(max=block - 1)
+    return (b * block + j).squeeze(-1)
+
+
 def sample_next(
     logits: torch.Tensor,
     specs: list[SamplingSpec],
@@ -107,46 +137,47 @@ def sample_next(
 ) -> SampleOutput:
     """Pick one token per row of ``logits`` ([B, V], float32) and its reported logprob.
 
-    Works on unnormalised ``exp(scaled - max)`` and a cumulative sum per row, so a step costs a
-    few passes over ``[B, V]`` and no full log-softmax is materialised.
+    One fused softmax of the scaled logits serves sampling and the reported logprobs; a step
+    costs a few passes over ``[B, V]``.
     """
     logits = logits.float()
     batch, vocab = logits.shape
     temps = [s.temperature if s.temperature > 0 else 1.0 for s in specs]
     scaled = logits if all(t == 1.0 for t in temps) else logits / torch.tensor(temps)[:, None]
-    peak = scaled.amax(dim=-1, keepdim=True)
-    weights = (scaled - peak).exp_()  # unnormalised probabilities of the scaled distribution
-    lse = peak.squeeze(-1) + weights.sum(dim=-1).log()
-    if mode == "raw" and scaled is not logits:
-        report_from, report_lse = logits, torch.logsumexp(logits, dim=-1)
-    else:
-        report_from, report_lse = scaled, lse
+    probs = torch.softmax(scaled, dim=-1)
 
     tokens = torch.empty(batch, dtype=torch.long)
     greedy_rows = [i for i, s in enumerate(specs) if s.greedy]
     plain_rows = [i for i, s in enumerate(specs) if not s.greedy and not s.truncates]
-    truncated_rows = [i for i, s in enumerate(specs) if not s.greedy and s.truncates]
     if greedy_rows:
         idx = torch.tensor(greedy_rows)
         tokens[idx] = torch.max(logits.index_select(0, idx), dim=-1).indices
-    rows_weights: list[tuple[list[int], torch.Tensor]] = []
     if plain_rows:
-        rows_weights.append((plain_rows, weights if len(plain_rows) == batch else weights[torch.tensor(plain_rows)]))
-    for i in truncated_rows:
-        tokens[i] = _sample_truncated(scaled[i], lse[i], specs[i], generators[i])
-    for rows, w in rows_weights:
-        cdf = torch.cumsum(w, dim=-1)
-        uniforms = torch.cat([torch.rand(1, generator=generators[i]) for i in rows])
-        picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
-        tokens[torch.tensor(rows)] = picks.clamp_(max=vocab - 1)
-    chosen = report_from.gather(1, tokens[:, None]).squeeze(-1) - report_lse
+        rows = probs if len(plain_rows) == batch else probs[torch.tensor(plain_rows)]
+        uniforms = torch.cat([torch.rand(1, generator=generators[i]) for i in plain_rows])
+        tokens[torch.tensor(plain_rows)] = _invert_cdf(rows, uniforms)
+    for i, spec in enumerate(specs):
+        if not spec.greedy and spec.truncates:
+            tokens[i] = _sample_truncated(probs[i], spec, generators[i])
+
+    if mode == "raw" and scaled is not logits:
+        lse = torch.logsumexp(logits, dim=-1)
+        chosen = logits.gather(1, tokens[:, None]).squeeze(-1) - lse
+    else:
+        chosen = probs.gather(1, tokens[:, None]).squeeze(-1).log()
 
     tops: list[list[tuple[float, int]] | None] = [None] * batch
     if top_logprobs_num:
         for i, n in enumerate(top_logprobs_num):
-            if n > 0:
-                vals, ids = torch.topk(report_from[i], min(n, vocab))
-                tops[i] = list(zip((vals - report_lse[i]).tolist(), ids.tolist(), strict=True))
+            if n <= 0:
+                continue
+            if mode == "raw" and scaled is not logits:
+                vals, ids = torch.topk(logits[i], min(n, vocab))
+                vals = vals - torch.logsumexp(logits[i], dim=-1)
+            else:
+                vals, ids = torch.topk(probs[i], min(n, vocab))
+                vals = vals.log()
+            tops[i] = list(zip(vals.tolist(), ids.tolist(), strict=True))
     return SampleOutput(tokens=tokens.tolist(), logprobs=chosen.tolist(), top_logprobs=tops)
 
 

@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import datetime as _dt
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -62,24 +63,49 @@ class UpdateWeightsFromTensorRequest(BaseModel):
 # ------------------------------------------------------------------------------------------------
 # safetensors items
 # ------------------------------------------------------------------------------------------------
+_ALIASES_KEY = "relax_gym.aliases"  # safetensors metadata: {"alias name": "stored name"}
+
+
 def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     """Base64 text of one safetensors blob holding ``named`` (moved to CPU, made contiguous).
 
-    Tensors that share memory (tied weights such as ``lm_head.weight`` and the embeddings) are
-    stored once each under their own name, as safetensors requires.
+    A tensor that is an exact alias of one already in the blob (tied weights such as
+    ``lm_head.weight`` and the embeddings) is stored once and listed in the blob's metadata, so
+    the payload does not carry the same bytes twice; :func:`decode_named_tensors` restores both
+    names. Tensors that merely overlap in memory are copied.
     """
     from safetensors.torch import save
 
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
+    aliases: dict[str, str] = {}
+    by_view: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
+    storages: set[int] = set()
     for name, t in named:
-        cpu = t.detach().to("cpu").contiguous()
+        t = t.detach()
+        view = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if view in by_view:
+            aliases[name] = by_view[view]
+            continue
+        by_view[view] = name
+        cpu = t.to("cpu").contiguous()
         ptr = cpu.untyped_storage().data_ptr()
-        if ptr in seen:
-            cpu = cpu.clone()
-        seen.add(ptr)
-        tensors[name] = cpu
-    return base64.b64encode(save(tensors)).decode("ascii")
+        tensors[name] = cpu.clone() if ptr in storages else cpu
+        storages.add(ptr)
+    metadata = {_ALIASES_KEY: json.dumps(aliases)} if aliases else None
+    return base64.b64encode(save(tensors, metadata=metadata)).decode("ascii")
+
+
+def _blob_metadata(blob: bytes) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (an 8-byte header length, then JSON)."""
+    if len(blob) < 8:
+        return {}
+    size = int.from_bytes(blob[:8], "little")
+    try:
+        header = json.loads(blob[8 : 8 + size])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return meta if isinstance(meta, dict) else {}
 
 
 def decode_named_tensors(item: str) -> NamedTensors:
@@ -92,9 +118,21 @@ def decode_named_tensors(item: str) -> NamedTensors:
     except (binascii.Error, ValueError):
         raise WeightTransportError("serialized_named_tensors item is not valid base64") from None
     try:
-        return list(load(blob).items())
+        named = load(blob)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise WeightTransportError(f"serialized_named_tensors item is not a safetensors blob: {exc}") from None
+    try:
+        aliases = json.loads(_blob_metadata(blob).get(_ALIASES_KEY, "{}"))
+    except json.JSONDecodeError:
+        raise WeightTransportError("serialized_named_tensors item has unreadable alias metadata") from None
+    if not isinstance(aliases, dict):
+        raise WeightTransportError("serialized_named_tensors item has unreadable alias metadata")
+    out = list(named.items())
+    for alias, stored in aliases.items():
+        if stored not in named:
+            raise WeightTransportError(f"alias {alias!r} points to {stored!r}, which the blob does not hold")
+        out.append((str(alias), named[stored]))
+    return out
 
 
 def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
@@ -181,8 +219,10 @@ def new_process_group(
 ) -> GroupHandle:
     """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
     timeout = _dt.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
-    prefixed = dist.PrefixStore(group_name, store)
+    store = dist.TCPStore(  # type: ignore[attr-defined]
+        master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout
+    )
+    prefixed = dist.PrefixStore(group_name, store)  # type: ignore[attr-defined]
     group: Any
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
