@@ -334,3 +334,22 @@ async def test_client_disconnect_aborts_the_request(text_engine: EmbeddedEngineP
         assert asyncio.get_running_loop().time() < deadline, info
         await asyncio.sleep(0.1)
     assert info["generated_tokens"] - before["generated_tokens"] < 3000
+
+
+async def test_input_token_logprobs_for_scoring(
+    text_engine: EmbeddedEngineProcess, ids: list[int], scripted_qwen3: Path
+) -> None:
+    """``logprob_start_len`` + ``max_new_tokens=0`` scores a prompt (as a judge or scorer would)."""
+    async with EngineClient(text_engine.url) as client:
+        out = await client.generate(
+            GenerateRequest(
+                input_ids=ids, return_logprob=True, logprob_start_len=0, sampling_params=SamplingParams(max_new_tokens=0)
+            )
+        )
+    triples = out.meta_info.input_token_logprobs or []
+    assert out.output_ids == [] and out.finish_type == "length"
+    assert [t[1] for t in triples] == ids and triples[0][0] is None
+    model = AutoModelForCausalLM.from_pretrained(str(scripted_qwen3), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1).gather(1, torch.tensor(ids[1:])[:, None])
+    assert float((ref.squeeze(1) - torch.tensor([t[0] for t in triples[1:]])).abs().max()) < 1e-4
