@@ -7,12 +7,14 @@ through the server too.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from PIL import Image
@@ -96,6 +98,20 @@ def text_engine(scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
     engine = start_engine(scripted_qwen3)
     yield engine
     engine.stop()
+
+
+async def server_info(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"{url}/get_server_info")).json()
+
+
+async def wait_for_tokens(url: str, at_least: int, timeout_s: float = 30.0) -> None:
+    """Wait until the engine has generated ``at_least`` more tokens than now."""
+    start = (await server_info(url))["generated_tokens"]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while (await server_info(url))["generated_tokens"] < start + at_least:
+        assert asyncio.get_running_loop().time() < deadline, "engine made no progress"
+        await asyncio.sleep(0.05)
 
 
 def random_image(seed: int, size: tuple[int, int] = (64, 48)) -> Image.Image:

@@ -24,7 +24,13 @@ from relax_gym.protocol import (
     SamplingParams,
 )
 
-from .conftest import API_KEY, chat_prompt_ids, load_tokenizer
+from .conftest import (
+    API_KEY,
+    chat_prompt_ids,
+    load_tokenizer,
+    server_info,
+    wait_for_tokens,
+)
 
 
 def req(ids: list[int], n: int = 16, **sampling: object) -> GenerateRequest:
@@ -41,20 +47,6 @@ def tok(scripted_qwen3: Path) -> Any:
 @pytest.fixture(scope="module")
 def ids(tok: Any) -> list[int]:
     return chat_prompt_ids(tok, [{"role": "user", "content": "How many red circles are there?"}])
-
-
-async def server_info(url: str) -> dict:
-    async with httpx.AsyncClient() as http:
-        return (await http.get(f"{url}/get_server_info")).json()
-
-
-async def wait_for_tokens(url: str, at_least: int, timeout_s: float = 30.0) -> None:
-    """Wait until the engine has generated ``at_least`` more tokens than now."""
-    start = (await server_info(url))["generated_tokens"]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while (await server_info(url))["generated_tokens"] < start + at_least:
-        assert asyncio.get_running_loop().time() < deadline, "engine made no progress"
-        await asyncio.sleep(0.05)
 
 
 async def test_generate_returns_tokens_logprobs_and_meta(
@@ -180,8 +172,10 @@ async def test_abort_returns_partial_tokens(text_engine: EmbeddedEngineProcess, 
 
 async def test_pause_in_place_holds_and_continue_resumes(text_engine: EmbeddedEngineProcess, ids: list[int]) -> None:
     async with EngineClient(text_engine.url, api_key=API_KEY) as client:
-        greedy = await client.generate(req(ids, 30, temperature=0.0, ignore_eos=True))
-        tasks = [asyncio.create_task(client.generate(req(ids, 30, temperature=0.0, ignore_eos=True))) for _ in range(2)]
+        greedy = await client.generate(req(ids, 150, temperature=0.0, ignore_eos=True))
+        tasks = [
+            asyncio.create_task(client.generate(req(ids, 150, temperature=0.0, ignore_eos=True))) for _ in range(2)
+        ]
         await wait_for_tokens(text_engine.url, 4)
         await client.pause_generation("in_place")
         held = (await server_info(text_engine.url))["generated_tokens"]
@@ -195,8 +189,8 @@ async def test_pause_in_place_holds_and_continue_resumes(text_engine: EmbeddedEn
 
 async def test_pause_retract_reprefills_and_matches(text_engine: EmbeddedEngineProcess, ids: list[int]) -> None:
     async with EngineClient(text_engine.url, api_key=API_KEY) as client:
-        greedy = await client.generate(req(ids, 30, temperature=0.0, ignore_eos=True))
-        task = asyncio.create_task(client.generate(req(ids, 30, temperature=0.0, ignore_eos=True)))
+        greedy = await client.generate(req(ids, 150, temperature=0.0, ignore_eos=True))
+        task = asyncio.create_task(client.generate(req(ids, 150, temperature=0.0, ignore_eos=True)))
         await wait_for_tokens(text_engine.url, 5)
         await client.pause_generation("retract")
         assert (await server_info(text_engine.url))["num_paused_reqs"] == 1
@@ -343,7 +337,10 @@ async def test_input_token_logprobs_for_scoring(
     async with EngineClient(text_engine.url) as client:
         out = await client.generate(
             GenerateRequest(
-                input_ids=ids, return_logprob=True, logprob_start_len=0, sampling_params=SamplingParams(max_new_tokens=0)
+                input_ids=ids,
+                return_logprob=True,
+                logprob_start_len=0,
+                sampling_params=SamplingParams(max_new_tokens=0),
             )
         )
     triples = out.meta_info.input_token_logprobs or []

@@ -30,7 +30,7 @@ from relax_gym.protocol import (
     UpdateWeightsFromDiskRequest,
 )
 
-from .conftest import API_KEY
+from .conftest import API_KEY, wait_for_tokens
 
 PROMPT = list(range(40, 60))
 
@@ -101,11 +101,11 @@ async def test_update_from_disk_changes_outputs_and_version(
 async def test_update_waits_for_running_requests_or_aborts_them(
     engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
 ) -> None:
-    long = GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=120, ignore_eos=True))
+    long = GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=400, ignore_eos=True))
     async with EngineClient(engine.url, api_key=API_KEY) as client:
         v0 = (await client.model_info()).weight_version
         running = asyncio.create_task(client.generate(long))
-        await asyncio.sleep(0.3)
+        await wait_for_tokens(engine.url, 5)
         update = asyncio.create_task(
             client.update_weights_from_disk(
                 UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="drained")
@@ -113,19 +113,19 @@ async def test_update_waits_for_running_requests_or_aborts_them(
         )
         finished = await asyncio.wait_for(running, 60)
         await asyncio.wait_for(update, 60)
-        # The request drained on the old weights: every token carries the old version.
+        # The update waited for the request, which drained on the old weights.
         assert finished.finish_type == "length"
-        assert finished.meta_info.output_weight_versions == [[v0, 120]]  # type: ignore[attr-defined]
+        assert finished.meta_info.output_weight_versions == [[v0, 400]]  # type: ignore[attr-defined]
 
         running = asyncio.create_task(client.generate(long.model_copy(update={"rid": "to-abort"})))
-        await asyncio.sleep(0.3)
+        await wait_for_tokens(engine.url, 5)
         await client.update_weights_from_disk(
             UpdateWeightsFromDiskRequest(
                 model_path=str(scripted_qwen3), weight_version="default", abort_all_requests=True
             )
         )
         aborted = await asyncio.wait_for(running, 60)
-    assert aborted.finish_type == "abort" and len(aborted.output_ids) < 120
+    assert aborted.finish_type == "abort" and len(aborted.output_ids) < 400
 
 
 async def test_update_while_paused_in_place_mixes_versions(
@@ -135,10 +135,10 @@ async def test_update_while_paused_in_place_mixes_versions(
         v0 = (await client.model_info()).weight_version
         task = asyncio.create_task(
             client.generate(
-                GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=200, ignore_eos=True))
+                GenerateRequest(input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=400, ignore_eos=True))
             )
         )
-        await asyncio.sleep(0.3)
+        await wait_for_tokens(engine.url, 5)
         await client.pause_generation("in_place")
         reply = await client.update_weights_from_disk(
             UpdateWeightsFromDiskRequest(model_path=str(bpe_qwen3_seed1), weight_version="mid")
@@ -148,7 +148,7 @@ async def test_update_while_paused_in_place_mixes_versions(
         await restore(client, scripted_qwen3)
     assert reply.num_paused_requests == 1
     runs = out.meta_info.output_weight_versions  # type: ignore[attr-defined]
-    assert [v for v, _ in runs] == [v0, "mid"] and sum(n for _, n in runs) == 200
+    assert [v for v, _ in runs] == [v0, "mid"] and sum(n for _, n in runs) == 400
     assert out.meta_info.weight_version == "mid"
 
 
