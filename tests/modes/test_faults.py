@@ -23,7 +23,7 @@ from relax_gym.trainer.modes.runner import run_async
 from .audit import audit_run
 from .conftest import config_dict, start_engine
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -22,7 +22,7 @@ from .audit import audit_run
 from .conftest import config_dict
 from .workload import CRASH_COUNTER_ENV
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ray = pytest.importorskip("ray")
 
 

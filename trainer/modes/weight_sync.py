@@ -54,6 +54,82 @@ def free_port(host: str = "127.0.0.1") -> int:
 # ------------------------------------------------------------------------------------------------
 # the distributed (broadcast) path
 # ------------------------------------------------------------------------------------------------
+class _Broadcaster:
+    """Rank 0 of one weight-update group over ``urls`` (one rank per engine).
+
+    Tensors are broadcast from where the collective needs them: CUDA for NCCL (the GPU path
+    against SGLang), CPU for gloo (the embedded engine). Each bucket is announced to every engine
+    with ``/update_weights_from_distributed`` while the broadcast runs.
+    """
+
+    def __init__(self, urls: list[str], *, api_key: str | None, master_address: str, master_port: int,
+                 group_name: str, backend: str, timeout_s: float) -> None:
+        self.urls = urls
+        self.api_key = api_key
+        self.master_address = master_address
+        self.master_port = master_port
+        self.group_name = group_name
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.clients = [EngineClient(u, api_key=api_key, timeout_s=timeout_s) for u in urls]
+        self.group: Any = None
+
+    async def init(self) -> None:
+        from relax_gym.trainer.engines.weights import new_process_group
+
+        from relax_gym.protocol import InitWeightsUpdateGroupRequest
+
+        world = 1 + len(self.urls)
+        joins = [asyncio.create_task(c.init_weights_update_group(InitWeightsUpdateGroupRequest(
+            master_address=self.master_address, master_port=self.master_port, rank_offset=rank, world_size=world,
+            group_name=self.group_name, backend=self.backend))) for rank, c in enumerate(self.clients, start=1)]
+        try:
+            self.group = await asyncio.to_thread(
+                new_process_group, self.master_address, self.master_port, 0, world, group_name=self.group_name,
+                backend=self.backend, timeout_s=self.timeout_s)
+        finally:
+            replies = await asyncio.gather(*joins, return_exceptions=True)
+        for url, reply in zip(self.urls, replies, strict=True):
+            if isinstance(reply, BaseException):
+                raise reply
+            if not reply.success:
+                raise EngineError(url + "/init_weights_update_group", reply.message)
+
+    async def push(self, named: list[tuple[str, torch.Tensor]], *, weight_version: str,
+                   bucket_bytes: int) -> int:
+        from relax_gym.trainer.engines.weights import broadcast, buckets, dtype_name
+
+        from relax_gym.protocol import UpdateWeightsFromDistributedRequest
+
+        groups = list(buckets(((n, t.detach().to(self.device).contiguous()) for n, t in named), bucket_bytes))
+        for i, group in enumerate(groups):
+            req = UpdateWeightsFromDistributedRequest(
+                names=[n for n, _ in group], dtypes=[dtype_name(t.dtype) for _, t in group],
+                shapes=[list(t.shape) for _, t in group], group_name=self.group_name,
+                weight_version=weight_version if i == len(groups) - 1 else None)
+            announced = [asyncio.create_task(c.update_weights_from_distributed(req)) for c in self.clients]
+            try:
+                await asyncio.to_thread(broadcast, self.group, [t for _, t in group], 0)
+            finally:
+                replies = await asyncio.gather(*announced, return_exceptions=True)
+            for reply in replies:
+                if isinstance(reply, BaseException):
+                    raise reply
+        return len(groups)
+
+    async def close(self) -> None:
+        for url, client in zip(self.urls, self.clients, strict=True):
+            await client.aclose()
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            try:
+                async with httpx.AsyncClient(base_url=url, headers=headers, timeout=10.0) as http:
+                    await http.post("/destroy_weights_update_group", json={"group_name": self.group_name})
+            except httpx.HTTPError:
+                pass  # the engine is gone: nothing to release there
+        self.group = None
+
+
 class DistributedWeightSync:
     """Broadcast weights to engines over a process group (see the module docstring).
 
@@ -70,7 +146,7 @@ class DistributedWeightSync:
         self.master_port = master_port
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
-        self._broadcaster: Any = None
+        self._broadcaster: _Broadcaster | None = None
         self._members: tuple[str, ...] = ()
         self.rebuilds = 0
 
@@ -78,14 +154,11 @@ class DistributedWeightSync:
     def members(self) -> tuple[str, ...]:
         return self._members
 
-    async def _open(self, urls: tuple[str, ...]) -> Any:
-        from relax_gym.trainer.engines.weights import EngineTarget, WeightBroadcaster
-
+    async def _open(self, urls: tuple[str, ...]) -> _Broadcaster:
         port = self.master_port if self.master_port and not self.rebuilds else free_port(self.master_address)
         name = f"relax_weights_{next(_group_ids)}_{port}"
-        bc = WeightBroadcaster([EngineTarget(u, api_key=self.api_key) for u in urls],
-                               master_address=self.master_address, master_port=port, group_name=name,
-                               backend=self.backend, timeout_s=self.timeout_s)
+        bc = _Broadcaster(list(urls), api_key=self.api_key, master_address=self.master_address, master_port=port,
+                          group_name=name, backend=self.backend, timeout_s=self.timeout_s)
         await asyncio.wait_for(bc.init(), self.timeout_s)
         return bc
 
@@ -101,10 +174,11 @@ class DistributedWeightSync:
     async def push(self, named: list[tuple[str, torch.Tensor]], version: int | str, urls: list[str]) -> int:
         """Broadcast ``named`` to the engines at ``urls``; returns the number of buckets."""
         await self.ensure_group(urls)
+        assert self._broadcaster is not None
         try:
-            return int(await asyncio.wait_for(
+            return await asyncio.wait_for(
                 self._broadcaster.push(named, weight_version=str(version), bucket_bytes=self.bucket_bytes),
-                self.timeout_s))
+                self.timeout_s)
         except BaseException:
             await self.close()  # a broken collective cannot be reused
             raise
@@ -113,8 +187,8 @@ class DistributedWeightSync:
         """A one-off group with a single engine (a joiner), leaving the main group alone."""
         bc = await self._open((url.rstrip("/"),))
         try:
-            return int(await asyncio.wait_for(
-                bc.push(named, weight_version=str(version), bucket_bytes=self.bucket_bytes), self.timeout_s))
+            return await asyncio.wait_for(
+                bc.push(named, weight_version=str(version), bucket_bytes=self.bucket_bytes), self.timeout_s)
         finally:
             await bc.close()
 
