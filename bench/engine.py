@@ -142,7 +142,8 @@ def main() -> int:
     from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
     from relax_gym.trainer.models import build_tiny_model
 
-    root = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    tmp = tempfile.TemporaryDirectory(prefix="bench-engine-")
+    root = Path(tmp.name)
     model_dir = build_tiny_model("qwen3", root / "m0", seed=0, tokenizer=args.tokenizer)
     other_dir = build_tiny_model("qwen3", root / "m1", seed=1, tokenizer=args.tokenizer)
     gen = torch.Generator().manual_seed(0)
@@ -156,6 +157,7 @@ def main() -> int:
         outs = batching.pop("outputs")
         worst = fidelity(model_dir, prompts, outs)
         updates = asyncio.run(run_weight_updates(engine.url, api_key, model_dir, other_dir, args.repeats))
+    tmp.cleanup()
     with open("/proc/loadavg", encoding="ascii") as f:
         load = f.read().split()[0]
     result = {

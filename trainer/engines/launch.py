@@ -11,6 +11,7 @@ benchmarks and the rollout manager use these to own real servers on 127.0.0.1::
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,8 +81,9 @@ class ServerProcess:
                     except httpx.HTTPError:
                         pass
                 time.sleep(poll_s)
+        tail = log_tail(self.log_file)  # read before stop(), which may remove the log
         self.stop()
-        raise ServerStartError(f"server not healthy after {timeout_s:.0f} s:\n{log_tail(self.log_file)}")
+        raise ServerStartError(f"server not healthy after {timeout_s:.0f} s:\n{tail}")
 
     def stop(self, timeout_s: float = 15.0) -> int | None:
         """SIGTERM the process group, then SIGKILL after ``timeout_s``. Returns the exit code."""
@@ -178,6 +180,13 @@ class EmbeddedEngineProcess(ServerProcess):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """Stop the server and remove its private folder (port file, and the log unless the
+        caller chose where the log goes)."""
+        code = super().stop(timeout_s)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        return code
 
 
 __all__ = ["EmbeddedEngineProcess", "ServerProcess", "ServerStartError", "log_tail"]
