@@ -213,6 +213,7 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
                 cfg = RolloutConfig(concurrency=args.concurrency, scheduling=mode, max_new_tokens=args.max_new_tokens,
                                     max_total_tokens=8000, stop_token_ids=stops, sampling_seed=1, check_drift=False)
                 manager = RolloutManager(router, codec, cfg)
+                await router.engines[0].client.flush_cache()  # no run reuses another's prefix cache
                 before = await _server_info(engine.url)
                 start = time.perf_counter()
                 trajs = await manager.generate(subset)
@@ -262,6 +263,7 @@ async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
          {"env_in_thread": False, "check_drift": False}),
     ]
     try:
+        out["transport_only"] = await transport_bench(url, args)
         for label, router_kwargs, cfg_kwargs in variants:
             rows = []
             async with EngineRouter([url], **router_kwargs) as router:
@@ -283,6 +285,35 @@ async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         proc.terminate()
         proc.wait(10)
+    return out
+
+
+async def transport_bench(url: str, args: argparse.Namespace) -> dict[str, float]:
+    """CPU per /generate call of the HTTP client alone (a 600-token prompt, 256 in flight), so
+    the manager's own share can be told apart from its transport's."""
+    from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
+
+    request = GenerateRequest(input_ids=list(range(1000, 1600)), return_logprob=True,
+                              sampling_params=SamplingParams(max_new_tokens=args.fast_tokens))
+    out: dict[str, float] = {}
+    shard = 16
+    for label, make in (("core EngineClient (httpx)", lambda: EngineClient(url, max_connections=shard)),
+                        ("prototype aiohttp transport", lambda: aiohttp_client_factory()(url, 256))):
+        clients = [make() for _ in range(args.overhead_concurrency // shard)] if "httpx" in label else [make()]
+        gate = asyncio.Semaphore(args.overhead_concurrency)
+
+        async def one(i: int, clients: list[Any] = clients, gate: asyncio.Semaphore = gate) -> None:
+            async with gate:
+                await clients[i % len(clients)].generate(request)
+
+        await asyncio.gather(*(one(i) for i in range(512)))  # warm the pools
+        n = 4096
+        cpu0 = time.process_time()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        out[label] = 1e3 * (time.process_time() - cpu0) / n
+        print(f"  transport only, {label}: {out[label]:.3f} ms CPU/request", flush=True)
+        for client in clients:
+            await client.aclose()
     return out
 
 
@@ -322,7 +353,12 @@ def main() -> int:
               f"{s['async_median']['batch']:.1f}, turn-sync {s['turn_sync_median']['batch']:.1f}")
     if args.part in ("overhead", "all"):
         print(f"overhead: {args.overhead_concurrency} concurrent episodes against the minimal fast engine", flush=True)
-        results["overhead"] = asyncio.run(overhead_bench(args))
+        o = results["overhead"] = asyncio.run(overhead_bench(args))
+        for label in [k for k in o if isinstance(o[k], dict) and "cpu_ms_per_turn" in o[k]]:
+            transport = next(v for k, v in o["transport_only"].items() if label.startswith(k))
+            o[label]["manager_own_ms_per_turn"] = o[label]["cpu_ms_per_turn"] - transport
+            print(f"  {label}: {o[label]['cpu_ms_per_turn']:.2f} ms CPU/turn, of which the HTTP client "
+                  f"{transport:.2f} ms: manager's own {o[label]['manager_own_ms_per_turn']:.2f} ms/turn")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2, default=str))
