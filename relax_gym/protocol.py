@@ -17,7 +17,7 @@ import asyncio
 from typing import Any, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relax_gym.errors import RelaxGymError
 
@@ -147,6 +147,20 @@ class UpdateWeightsFromDiskRequest(_Model):
     abort_all_requests: bool = False
     weight_version: str | None = None
     flush_cache: bool = True
+
+
+class UpdateWeightsFromTensorRequest(_Model):
+    """``POST /update_weights_from_tensor``: weights sent in the request body.
+
+    The embedded engine takes base64 safetensors blobs (``load_format="safetensors"``), never
+    pickles: unpickling a request body would let the caller run code in the engine.
+    """
+
+    serialized_named_tensors: list[str] = Field(min_length=1)
+    load_format: str | None = "safetensors"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
 
 
 class InitWeightsUpdateGroupRequest(_Model):
@@ -338,14 +352,14 @@ class EngineClient:
         data = await self._request("POST", "/generate", request, timeout_s=timeout_s)
         try:
             return GenerateResponse.model_validate(data)
-        except Exception as exc:
+        except ValidationError as exc:
             raise EngineError(self.base_url + "/generate", f"unparseable reply: {exc}") from None
 
     async def chat_completions(self, request: ChatCompletionRequest, *, timeout_s: float | None = None) -> ChatCompletionResponse:
         data = await self._request("POST", "/v1/chat/completions", request, timeout_s=timeout_s)
         try:
             return ChatCompletionResponse.model_validate(data)
-        except Exception as exc:
+        except ValidationError as exc:
             raise EngineError(self.base_url + "/v1/chat/completions", f"unparseable reply: {exc}") from None
 
     # -- health and control -------------------------------------------------------------------
@@ -380,6 +394,22 @@ class EngineClient:
         if not out.success:
             raise EngineError(self.base_url + "/update_weights_from_disk", f"weight update failed: {out.message}")
         return out
+
+    async def update_weights_from_tensor(self, request: UpdateWeightsFromTensorRequest) -> UpdateWeightsResponse:
+        out = UpdateWeightsResponse.model_validate(
+            await self._request("POST", "/update_weights_from_tensor", request)
+        )
+        if not out.success:
+            raise EngineError(self.base_url + "/update_weights_from_tensor", f"weight update failed: {out.message}")
+        return out
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        await self._request("POST", "/destroy_weights_update_group", {"group_name": group_name})
+
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /get_server_info``: server-specific (the embedded engine reports its load)."""
+        info = await self._request("GET", "/get_server_info")
+        return info if isinstance(info, dict) else {}
 
     async def init_weights_update_group(self, request: InitWeightsUpdateGroupRequest) -> UpdateWeightsResponse:
         return UpdateWeightsResponse.model_validate(
@@ -420,5 +450,6 @@ __all__ = [
     "SamplingParams",
     "UpdateWeightsFromDiskRequest",
     "UpdateWeightsFromDistributedRequest",
+    "UpdateWeightsFromTensorRequest",
     "UpdateWeightsResponse",
 ]

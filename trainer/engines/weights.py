@@ -30,7 +30,6 @@ from typing import Any
 import httpx
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict, Field
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.protocol import (
@@ -38,6 +37,7 @@ from relax_gym.protocol import (
     EngineError,
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDistributedRequest,
+    UpdateWeightsFromTensorRequest,
     UpdateWeightsResponse,
 )
 
@@ -46,18 +46,6 @@ NamedTensors = list[tuple[str, torch.Tensor]]
 
 class WeightTransportError(RelaxGymError, ValueError):
     """A weight payload or group request is malformed or cannot be served."""
-
-
-class UpdateWeightsFromTensorRequest(BaseModel):
-    """``POST /update_weights_from_tensor`` (SGLang's fields; safetensors items, see module doc)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    serialized_named_tensors: list[str] = Field(min_length=1)
-    load_format: str | None = "safetensors"
-    flush_cache: bool = True
-    abort_all_requests: bool = False
-    weight_version: str | None = None
 
 
 # ------------------------------------------------------------------------------------------------
