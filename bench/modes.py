@@ -1,6 +1,6 @@
 """Colocate against fully_async (embedded and Ray runtimes) on the same workload, in one run.
 
-    python bench/modes.py [--steps 16] [--runs colocate,async,ray] [--out /tmp/bench-modes]
+    python bench/modes.py [--steps 16] [--rounds 2] [--runs colocate,async,ray] [--out /tmp/bench-modes]
                           [--plot docs/modes_timeline.png] [--json results.json]
 
 The workload: a tiny random Qwen3 (tiny BPE vocabulary) learning a one-turn text task with GRPO
@@ -17,6 +17,8 @@ Reported, from each run's metrics:
   is left out of every mean), the speed-up over colocate and its fraction of the bound;
 * held-out success (greedy, 64 episodes) at the start and the end of each run, with a 95% Wilson
   interval, so "the same final success rate within noise" can be read off;
+* every figure is the median over ``--rounds`` repetitions run in alternating order (the machine
+  is shared: its load drifts), with the load average before and after each run;
 * the Ray runtime's step time against the embedded runtime's (its overhead), and its start-up.
 
 ``--plot`` draws the step timeline (engine and trainer lanes) of the colocate and fully_async
@@ -81,11 +83,13 @@ def base_config(model: Path, out: Path, steps: int) -> dict[str, Any]:
     }
 
 
-def run_one(model: Path, root: Path, kind: str, steps: int) -> dict[str, Any]:
+def run_one(model: Path, root: Path, kind: str, steps: int, round_: int = 0) -> dict[str, Any]:
+    import os
+
     from relax_gym.trainer.modes import modes_config_from_dict
     from relax_gym.trainer.modes.runner import train
 
-    out = root / kind
+    out = root / f"{kind}-r{round_}"
     raw = base_config(model, out, steps)
     if kind == "colocate":
         raw["mode"] = "colocate"
@@ -94,12 +98,14 @@ def run_one(model: Path, root: Path, kind: str, steps: int) -> dict[str, Any]:
         if kind == "ray":
             raw["async_rl"].update({"runtime": "ray", "ray": {"num_cpus": 2, "trainer": {"num_cpus": 1},
                                                               "engine": {"num_cpus": 1}}})
+    load_before = os.getloadavg()[0]
     start = time.perf_counter()
     summary = train(modes_config_from_dict(raw))
     total = time.perf_counter() - start
+    load_after = os.getloadavg()[0]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train_rows = [r for r in rows if r["phase"] == "train"]
-    return {"kind": kind, "out": str(out), "total_s": total, "rows": train_rows,
+    return {"kind": kind, "out": str(out), "total_s": total, "rows": train_rows, "load": (load_before, load_after),
             "first_eval": summary.first_eval, "final_eval": summary.final_eval,
             "first_step_at_s": train_rows[0]["elapsed_s"] - train_rows[0].get("time/step_wall",
                                                                                 train_rows[0].get("time/step", 0))}
@@ -113,13 +119,18 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per kind: medians over rounds of the steady-state means (the first step of a run pays for
+    warm-up and is left out)."""
     out: dict[str, Any] = {}
-    for kind, res in results.items():
-        rows = res["rows"][1:]  # steady state: the first step pays for warm-up
+    for kind, runs in results.items():
         key = "time/step" if kind == "colocate" else "time/step_wall"
-        entry: dict[str, Any] = {"step_s": statistics.mean(r[key] for r in rows), "steps": len(res["rows"]),
-                                 "total_s": res["total_s"], "first_step_at_s": res["first_step_at_s"]}
+        steps = [statistics.mean(r[key] for r in res["rows"][1:]) for res in runs]
+        entry: dict[str, Any] = {"step_s": statistics.median(steps), "step_s_rounds": steps,
+                                 "total_s": [res["total_s"] for res in runs],
+                                 "first_step_at_s": [res["first_step_at_s"] for res in runs],
+                                 "load": [res["load"] for res in runs]}
+        rows = [r for res in runs for r in res["rows"][1:]]
         if kind == "colocate":
             entry["R_s"] = statistics.median(r.get("time/rollout", 0) + r.get("time/reward", 0) for r in rows)
             entry["T_s"] = statistics.median(r.get("time/logprob", 0) + r.get("time/train", 0) + r.get("time/sync", 0)
@@ -127,13 +138,15 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         else:
             entry["staleness_mean"] = statistics.mean(r["staleness/mean"] for r in rows)
             entry["off_policy_token_frac"] = statistics.mean(r.get("staleness/off_policy_token_frac", 0) for r in rows)
-            entry["train_role_s"] = statistics.median(r["time/train_role"] for r in rows)
-            entry["sync_s"] = statistics.median(r["time/sync"] for r in rows)
+            entry["train_s"] = statistics.median(r["time/train"] for r in rows)
+            entry["sync_s"] = statistics.median(r["time/sync"] for r in rows if "time/sync" in r)
         for tag in ("first_eval", "final_eval"):
-            ev = res[tag]
-            n = int(ev.get("episodes", 0))
-            p = float(ev.get("success", 0.0))
-            entry[tag] = {"success": p, "ci95": wilson(p, n), "episodes": n, "reward": ev.get("reward_mean")}
+            evals = []
+            for res in runs:
+                ev = res[tag]
+                n, p = int(ev.get("episodes", 0)), float(ev.get("success", 0.0))
+                evals.append({"success": p, "ci95": wilson(p, n), "episodes": n, "reward": ev.get("reward_mean")})
+            entry[tag] = evals
         out[kind] = entry
     if "colocate" in out:
         c = out["colocate"]
@@ -147,7 +160,8 @@ def summarize(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def plot(results: dict[str, dict[str, Any]], path: Path, window_s: float = 40.0) -> None:
+def plot(results: dict[str, dict[str, Any]], path: Path, window_s: float = 30.0) -> None:
+    """``results``: one run per kind (the last round's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -184,19 +198,19 @@ def plot(results: dict[str, dict[str, Any]], path: Path, window_s: float = 40.0)
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    lines = ["| run | step (s) | R (s) | T (s) | bound | speed-up | of bound | success start -> end [95% CI] |",
+    lines = ["| run | step (s) | R (s) | T (s) | bound | speed-up | of bound | held-out success start -> end [95% CI] |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     c = summary.get("colocate", {})
     for kind in ("colocate", "async", "ray"):
         if kind not in summary:
             continue
         e = summary[kind]
-        fe, le = e["first_eval"], e["final_eval"]
+        success = "; ".join(f"{a['success']:.2f} -> {b['success']:.2f} [{b['ci95'][0]:.2f}, {b['ci95'][1]:.2f}]"
+                            for a, b in zip(e["first_eval"], e["final_eval"], strict=True))
+        of_bound = format(e["fraction_of_bound"], ".0%") if "fraction_of_bound" in e else "-"
         lines.append(
             f"| {kind} | {e['step_s']:.2f} | {c.get('R_s', float('nan')):.2f} | {c.get('T_s', float('nan')):.2f} | "
-            f"{c.get('bound', float('nan')):.2f} | {e.get('speedup', 1.0):.2f} | "
-            f"{format(e['fraction_of_bound'], '.0%') if 'fraction_of_bound' in e else '-'} | "
-            f"{fe['success']:.2f} -> {le['success']:.2f} [{le['ci95'][0]:.2f}, {le['ci95'][1]:.2f}] |")
+            f"{c.get('bound', float('nan')):.2f} | {e.get('speedup', 1.0):.2f} | {of_bound} | {success} |")
     return "\n".join(lines)
 
 
@@ -204,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--runs", default="colocate,async,ray")
+    parser.add_argument("--rounds", type=int, default=2, help="repeat the runs, alternating their order")
     parser.add_argument("--out", default="/tmp/bench-modes")
     parser.add_argument("--plot", default=None, help="write the step-timeline PNG here")
     parser.add_argument("--json", default=None, help="write the summary JSON here")
@@ -222,15 +237,20 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     model = build_tiny_model("qwen3", root / "model", seed=0, tokenizer="tiny-bpe", **MODEL)
-    results = {}
-    for kind in args.runs.split(","):
-        results[kind] = run_one(model, root, kind, args.steps)
-        print(f"{kind}: {results[kind]['total_s']:.1f} s", flush=True)
+    kinds = args.runs.split(",")
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for r in range(args.rounds):
+        # alternate the order, so a machine whose load drifts favours no run
+        for kind in kinds if r % 2 == 0 else list(reversed(kinds)):
+            res = run_one(model, root, kind, args.steps, r)
+            results[kind].append(res)
+            print(f"round {r} {kind}: {res['total_s']:.1f} s (load {res['load'][0]:.1f} -> {res['load'][1]:.1f})",
+                  flush=True)
     summary = summarize(results)
     print(json.dumps(summary, indent=2))
     print(markdown(summary))
     if args.plot:
-        plot(results, Path(args.plot))
+        plot({k: v[-1] for k, v in results.items()}, Path(args.plot))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
     return 0

@@ -92,6 +92,9 @@ class AsyncConfig(_Section):
         "gloo", description="process-group backend of the distributed path (nccl for SGLang on GPUs)")
     master_address: str = Field("127.0.0.1", description="the trainer's address engines join the group at")
     master_port: int | None = Field(None, ge=1, le=65535, description="group port (None: a free port)")
+    overlap_sync: bool = Field(
+        True, description="push a step's weights while the next step trains (tensor and distributed paths; the "
+        "disk path always publishes before training on): the sync leaves the trainer's critical path")
     reward_retries: int = Field(
         2, ge=0, description="a crashed reward worker is retried this many times, then its samples are "
         "marked reward-failed (rewards.failed decides drop or zero)")

@@ -70,6 +70,9 @@ class Learner(Trainer):
         self.given_api_key = api_key
         self.inline_logprobs = config.mode == "hybrid" if inline_logprobs is None else inline_logprobs
         self.train_intervals: list[tuple[float, float, int]] = []
+        self._versioned = -1  # the backend.version that state.weight_version names
+        self._pending: tuple[int, int, list[tuple[str, torch.Tensor]]] | None = None  # (version, backend v, weights)
+        self._publish_lock: asyncio.Lock | None = None
         self._opened = False
         self.restored_from: str | None = None
 
@@ -128,14 +131,35 @@ class Learner(Trainer):
             await publisher.close()
         await super()._stop_engines()
 
+    def _assign_version(self) -> None:
+        """New weights get the next version number, once."""
+        if self.backend.version != self._versioned:
+            self.state.weight_version += 1
+            self._versioned = self.backend.version
+
+    @property
+    def publish_lock(self) -> asyncio.Lock:
+        if self._publish_lock is None:
+            self._publish_lock = asyncio.Lock()
+        return self._publish_lock
+
     async def ensure_synced(self) -> dict[str, float]:
-        """Publish the backend's weights as the next version if they changed since the last push."""
+        """Publish the backend's weights (numbered once) if the engines do not serve them yet;
+        waits for a publish already in flight."""
+        async with self.publish_lock:
+            return await self._sync_current()
+
+    async def _sync_current(self) -> dict[str, float]:
+        self._assign_version()
         if self.backend.version == self._synced_version:
             return {}
-        self.state.weight_version += 1
         metrics = await self.publisher.publish(self.state.weight_version)
         self._synced_version = self.backend.version
         return metrics
+
+    @property
+    def overlaps_sync(self) -> bool:
+        return self.config.async_rl.overlap_sync and self.publisher.path != "disk"
 
     async def push_weights_to(self, url: str) -> str | None:
         """Bring one engine (a joiner or a revived one) to the published weights."""
@@ -186,6 +210,7 @@ class Learner(Trainer):
         if self.resume:
             # the restored weights go out under their own version number: queued samples keep
             # exactly the staleness they had before the crash
+            self._versioned = self.backend.version  # the restored weights keep their number
             await self.publisher.publish(self.state.weight_version)
             self._synced_version = self.backend.version
             self._truncate_ledger(self.state.step)
@@ -242,7 +267,7 @@ class Learner(Trainer):
         if not rows:
             metrics["train/skipped_step"] = 1.0
             self._write_ledger(batch, version)
-            return {**metrics, **timer.metrics()}
+            return {**metrics, **timer.metrics(), "version": float(version)}
         with timer.phase("logprob"):
             scored = [ScoredSample(s.traj, s.reward) for s in samples]
             full = await asyncio.to_thread(to_sequence_batch, scored, self.processor,
@@ -276,11 +301,18 @@ class Learner(Trainer):
                 metrics[f"train/{k}"] = agg
             metrics["train/updates"] = float(len(merged.get("loss", [])))
         self.train_intervals.append((train_start, time.time(), version))
+        self._assign_version()
+        if self.overlaps_sync and self.backend.version != self._synced_version:
+            # what the next publish sends, while the next step already trains
+            from .logprobs import current_weights
+
+            self._pending = (self.state.weight_version, self.backend.version, current_weights(self.backend))
         self._write_ledger(batch, version)
         metrics["staleness/max"] = float(max(staleness[i] for i in rows))
         metrics["time/batch_wait"] = batch.waited_s
         metrics.update(timer.metrics())
         metrics["time/train_role"] = time.time() - start
+        metrics["version"] = float(self.state.weight_version)
         return metrics
 
     def _batch_metrics(self, batch: Batch, version: int) -> dict[str, float]:
@@ -364,11 +396,26 @@ class Learner(Trainer):
     # after the step: publish, log, evaluate, checkpoint
     # ============================================================================================
     async def publish(self) -> dict[str, float]:
+        """Make the engines serve the weights of the last step (its snapshot when the next step
+        may already be training); returns sync metrics and the published ``version``."""
         start = time.perf_counter()
-        metrics = await self.ensure_synced()
+        async with self.publish_lock:
+            pending, self._pending = self._pending, None
+            if pending is not None and pending[1] != self._synced_version:
+                version, backend_version, named = pending
+                metrics = await self.publisher.publish(version, named=named)
+                self._synced_version = backend_version
+            else:
+                metrics = await self._sync_current()
+                version = self.state.weight_version
         metrics["time/sync"] = time.perf_counter() - start
-        metrics["version"] = float(self.state.weight_version)
+        metrics["version"] = float(version)
         return metrics
+
+    def published_weights(self) -> list[tuple[str, torch.Tensor]]:
+        """The weights the engines serve, as CPU tensors (for the proximal worker)."""
+        snapshot = self.publisher.snapshot
+        return snapshot if snapshot is not None else self.current_weights()
 
     async def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Record step ``step``: metrics, progress, evaluation when due. Returns the eval metrics."""

@@ -157,6 +157,7 @@ class AsyncRunner:
         self.resume = resume
         self.roles: Roles | None = None
         self.timeline: dict[str, list[tuple[float, float, int]]] = {"rollout": [], "train": []}
+        self._published: tuple[int, int] = (0, 0)  # (version, steps) the engines serve
         self.started_at = 0.0
 
     async def run(self) -> RunSummary:
@@ -211,39 +212,63 @@ class AsyncRunner:
         for worker in (roles.ref_worker, roles.prox_worker):
             if worker is not None:
                 await worker.start()
+        self._published = (int(info["version"]), step)
         await roles.rollout.start(version=int(info["version"]), steps=step, effective=effective)
 
     async def _loop(self, roles: Roles, step: int) -> None:
         c = self.config
         B = c.rollout.prompts_per_step
-        while step < c.train.steps:
-            start = time.time()
-            batch = await self._next_batch(roles, B)
-            metrics = await roles.learner.train(batch)
-            await roles.rollout.pause()
-            version, evicted, published = batch.version, [], step
-            try:
-                sync = await roles.learner.publish()
-                version = int(sync.pop("version"))
+        overlap = c.async_rl.overlap_sync
+        pending: asyncio.Task[dict[str, float]] | None = None
+        sync: dict[str, float] = {}
+        try:
+            while step < c.train.steps:
+                start = time.time()
+                batch = await self._next_batch(roles, B)
+                metrics = await roles.learner.train(batch)
+                version = int(metrics.pop("version"))
+                # admission follows the trainer's weights at once; the engines follow when the push lands
                 evicted = await roles.queue.advance(version)
-                published = step + 1
-            finally:
-                await roles.rollout.resume(version, published, len(evicted))
-            if roles.prox_worker is not None:
-                await roles.prox_worker.update(version, await roles.learner.current_weights())
-            step += 1
-            metrics.update(sync)
-            metrics.update(await roles.queue.stats())
-            metrics.update(await roles.rollout.stats())
-            for worker in (roles.ref_worker, roles.prox_worker):
-                if worker is not None:
-                    metrics.update(await worker.stats())
-            metrics["queue/evicted_now"] = float(len(evicted))
-            metrics["time/step_wall"] = time.time() - start
-            await self._collect_timeline(roles)
-            await roles.learner.end_step(step, metrics)
-            if await roles.learner.checkpoint_due(step):
-                await self._checkpoint(roles, f"step_{step:06d}")
+                if pending is not None:
+                    sync = await pending  # at most one push in flight
+                pending = asyncio.create_task(self._publish(roles, version, step + 1, len(evicted)))
+                if not overlap:
+                    sync, pending = await pending, None
+                step += 1
+                metrics.update(sync)
+                metrics.update(await roles.queue.stats())
+                metrics.update(await roles.rollout.stats())
+                for worker in (roles.ref_worker, roles.prox_worker):
+                    if worker is not None:
+                        metrics.update(await worker.stats())
+                metrics["queue/evicted_now"] = float(len(evicted))
+                metrics["time/step_wall"] = time.time() - start
+                await self._collect_timeline(roles)
+                await roles.learner.end_step(step, metrics)
+                if await roles.learner.checkpoint_due(step):
+                    await self._checkpoint(roles, f"step_{step:06d}")
+            if pending is not None:
+                await pending
+                pending = None
+        finally:
+            if pending is not None:
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+
+    async def _publish(self, roles: Roles, version: int, steps: int, released: int) -> dict[str, float]:
+        """Pause the engines, push ``version``, continue them; the producer's gate opens for
+        ``steps`` once the push landed (on failure the previous version stays)."""
+        await roles.rollout.pause()
+        try:
+            sync = await roles.learner.publish()
+            self._published = (int(sync.pop("version")), steps)
+        finally:
+            await roles.rollout.resume(self._published[0], self._published[1], released)
+        if roles.prox_worker is not None:
+            await roles.prox_worker.update(self._published[0], await roles.learner.published_weights())
+        # (a step whose update was skipped -- a non-finite gradient -- publishes nothing new: the
+        # version stays, the gate still moves on by one step)
+        return sync
 
     async def _next_batch(self, roles: Roles, groups: int) -> Any:
         """Wait for a batch, checking every few seconds that the producer still produces (a

@@ -230,14 +230,15 @@ class WeightPublisher:
     def _live(self) -> list[EngineHandle]:
         return [h for h in self.router.engines if h.state in ("ready", "draining")]
 
-    async def publish(self, version: int) -> dict[str, float]:
-        """Make every live engine serve the backend's current weights as ``version``."""
+    async def publish(self, version: int, named: list[tuple[str, torch.Tensor]] | None = None) -> dict[str, float]:
+        """Make every live engine serve ``named`` (default: the backend's current weights; a CPU
+        snapshot when the trainer goes on training meanwhile) as ``version``."""
         async with self.lock:
             start = time.perf_counter()
             attempt = 0
             while True:
                 try:
-                    result = await self._push_all(version)
+                    result = await self._push_all(version, named)
                     break
                 except (EngineError, WeightSyncFailed, WeightSyncError, httpx.HTTPError, OSError, RuntimeError,
                         TimeoutError) as exc:
@@ -250,23 +251,31 @@ class WeightPublisher:
             self.version = version
             if self.path != "disk":
                 # the exact weights engines serve now; a joiner gets these, not a half-trained later state
-                self._snapshot = [(n, t.detach().to("cpu", copy=True)) for n, t in self.backend.named_weights()]
+                self._snapshot = named if named is not None else [
+                    (n, t.detach().to("cpu", copy=True)) for n, t in self.backend.named_weights()]
             self.events["publishes"] += 1
             metrics = result.metrics()
             metrics["sync/seconds"] = time.perf_counter() - start
             metrics["sync/retries"] = float(attempt)
             return metrics
 
-    async def _push_all(self, version: int) -> SyncResult:
+    @property
+    def snapshot(self) -> list[tuple[str, torch.Tensor]] | None:
+        """The weights engines serve (tensor and distributed paths), as CPU tensors."""
+        return self._snapshot
+
+    async def _push_all(self, version: int, named: list[tuple[str, torch.Tensor]] | None = None) -> SyncResult:
         router = self.router
         start = time.perf_counter()
         handles = self._live()
         if not handles:
             raise WeightSyncFailed("no live engine to sync weights to")
-        named = list(self.backend.named_weights())
+        if named is None:
+            named = list(self.backend.named_weights())
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
         async with router.paused_for_update():
             if self.path == "disk":
+                # the disk path writes the backend's own weights: callers never overlap it with training
                 folder = self.staging_dir / f"v{version:06d}"
                 await asyncio.to_thread(self.backend.save_pretrained, folder)
                 await router.update_weights_from_disk(str(folder), version)  # marks failing engines unhealthy
