@@ -227,7 +227,6 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
                         "batch": gen / max(1, steps), "tokens": gen, "turns": manager.metrics.turns,
                         "decode_steps": steps, "prefill_batches": after["prefill_batches"] - before["prefill_batches"],
                         "prefill_tokens": after["prefill_tokens"] - before["prefill_tokens"],
-                        "cached_tokens": after["cached_tokens"] - before["cached_tokens"],
                         "ok": sum(t.stop_reason == "env_done" for t in trajs)}
 
             await one("async", specs[: args.concurrency // 4])  # warm-up
@@ -238,7 +237,7 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"  {mode:9s} rep {rep}: {r['wall_s']:.1f} s, busy {r['busy']:.0%} (forward "
                           f"{r['forward_share_of_busy']:.0%} of it), batch {r['batch']:.1f}, {r['tokens']} tokens, "
                           f"{r['decode_steps']} steps, {r['prefill_batches']} prefill batches, "
-                          f"{r['prefill_tokens']} prefill tokens ({r['cached_tokens']} cached), {r['ok']} ok", flush=True)
+                          f"{r['prefill_tokens']} prefill tokens, {r['ok']} ok", flush=True)
     finally:
         engine.stop()
     for mode in ("turn_sync", "async"):
