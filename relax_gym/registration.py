@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import re
+import threading
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -161,6 +162,8 @@ def _first_doc_line(obj: Any) -> str:
 # ------------------------------------------------------------------------------------------------
 registry: dict[str, EnvSpec] = {}
 _plugins_loaded = False
+_plugins_lock = threading.RLock()
+_plugins_loading = False
 plugin_errors: dict[str, str] = {}
 
 
@@ -207,11 +210,27 @@ def deregister(id: str) -> None:
 
 
 def load_plugins(*, force: bool = False) -> None:
-    """Run every ``relax_gym.envs`` entry point once; a failing plugin is recorded, not fatal."""
+    """Run every ``relax_gym.envs`` entry point once; a failing plugin is recorded, not fatal.
+
+    Thread-safe: concurrent first lookups wait for the one loading the plugins, so none of them
+    sees a half-filled registry. (The lock is re-entrant because a plugin's hook may look up envs.)
+    """
     global _plugins_loaded
     if _plugins_loaded and not force:
         return
-    _plugins_loaded = True
+    global _plugins_loading
+    with _plugins_lock:
+        if (_plugins_loaded and not force) or _plugins_loading:  # loading: a hook looked an env up
+            return
+        _plugins_loading = True
+        try:
+            _run_plugin_hooks()
+        finally:
+            _plugins_loading = False
+        _plugins_loaded = True
+
+
+def _run_plugin_hooks() -> None:
     for ep in entry_points(group=PLUGIN_GROUP):
         try:
             hook = ep.load()

@@ -152,3 +152,38 @@ def test_suites_are_deterministic_and_validated() -> None:
         relax_gym.deregister("st/Guess-v0")
         for name in ("st/suite-v0", "st/solo-v0", "st/broken-v0"):
             reg.suites.pop(name, None)
+
+
+def test_concurrent_first_lookups_all_see_the_plugins(monkeypatch) -> None:
+    """Threads racing on the first lookup wait for the plugin load instead of missing envs."""
+    import threading
+    import time
+
+    calls = []
+    real_hooks = reg._run_plugin_hooks
+
+    def slow_hooks() -> None:
+        calls.append(1)
+        time.sleep(0.2)
+        real_hooks()
+
+    monkeypatch.setattr(reg, "_run_plugin_hooks", slow_hooks)
+    monkeypatch.setattr(reg, "_plugins_loaded", False)
+    saved = reg.registry.pop("relax/SenseCount-v0")
+    errors: list[BaseException] = []
+
+    def lookup() -> None:
+        try:
+            relax_gym.spec("relax/SenseCount-v0")
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=lookup) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert errors == [] and calls == [1]
+    finally:
+        reg.registry.setdefault("relax/SenseCount-v0", saved)

@@ -283,6 +283,7 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -
         "--out",
     ]
     full = _run("random", tmp_path / "full", suite="relax/core-v0", attempts=2, concurrency=4).summary
+    total = len(read_records(tmp_path / "full" / "episodes.jsonl"))  # envs x episodes x attempts
     out = tmp_path / "killed"
     proc = subprocess.Popen(
         [sys.executable, "-m", "relax_gym.cli.main", *args, str(out)],
@@ -302,12 +303,12 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
     done = len(read_records(episodes))
-    assert proc.returncode == -signal.SIGKILL and 40 <= done < 240, (proc.returncode, done)
+    assert proc.returncode == -signal.SIGKILL and 40 <= done < total, (proc.returncode, done, total)
     assert not (out / "summary.json").exists()
     from relax_gym.cli.main import main
 
     assert main([*args, str(out), "--resume"]) == 0
     resumed = json.loads((out / "summary.json").read_text())
-    assert resumed["run"]["episodes_resumed"] >= done - 1 and resumed["run"]["episodes_run"] <= 240 - done + 1
+    assert resumed["run"]["episodes_resumed"] >= done - 1 and resumed["run"]["episodes_run"] <= total - done + 1
     for field in ("results", "config", "config_hash", "comparability_key", "complete"):
         assert resumed[field] == full[field], field
