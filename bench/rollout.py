@@ -71,45 +71,12 @@ class LongTailToolEnv(relax_gym.Env):
             False, False, {}
 
 
-# -- a prototype transport (overhead bench only) ---------------------------------------------------
-def aiohttp_client_factory() -> Any:
-    """``EngineClient`` with its transport swapped for aiohttp: same typed requests, replies and
-    errors. A PROTOTYPE measured here for a proposed change to relax_gym/protocol.py (httpx
-    costs about 1.4-2.3 ms of CPU per request at this concurrency, aiohttp about 0.4 ms); the
-    rollout manager itself always uses the core's EngineClient unless given another factory."""
-    import aiohttp
+# -- transports for the overhead bench --------------------------------------------------------------
+def client_factory(transport: str) -> Any:
+    """Router client factory pinning the core EngineClient's transport (httpx or aiohttp)."""
+    from relax_gym.protocol import EngineClient
 
-    from relax_gym.protocol import EngineClient, EngineError, EngineTimeout, EngineUnavailable
-
-    class AiohttpEngineClient(EngineClient):
-        def __init__(self, base_url: str, *, max_connections: int = 256, timeout_s: float = 300.0) -> None:
-            super().__init__(base_url, max_connections=1, timeout_s=timeout_s)
-            self._limit, self._timeout_s = max_connections, timeout_s
-            self._session: aiohttp.ClientSession | None = None
-
-        async def aclose(self) -> None:
-            await super().aclose()
-            if self._session is not None:
-                await self._session.close()
-
-        async def _request(self, method: str, path: str, payload: Any = None, *, timeout_s: float | None = None) -> Any:
-            if self._session is None:
-                self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._limit),
-                                                      timeout=aiohttp.ClientTimeout(total=self._timeout_s))
-            body = payload.model_dump(exclude_none=True) if hasattr(payload, "model_dump") else payload
-            url = self.base_url + path
-            try:
-                async with self._session.request(method, url, json=body) as resp:
-                    data = await resp.read()
-                    if resp.status >= 400:
-                        raise EngineError(url, f"error reply: {data[:500]!r}", resp.status)
-            except TimeoutError:
-                raise EngineTimeout(url, "timed out") from None
-            except aiohttp.ClientError as exc:
-                raise EngineUnavailable(url, f"unreachable ({type(exc).__name__}: {exc})") from None
-            return json.loads(data) if data else None
-
-    return lambda url, n: AiohttpEngineClient(url, max_connections=n)
+    return lambda url, n: EngineClient(url, max_connections=n, transport=transport)
 
 
 # -- the minimal fast engine (overhead bench) ------------------------------------------------------
@@ -253,13 +220,13 @@ async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
     codec = ChatCodec(load_qwen3_tokenizer())
     proc, url = start_fast_engine(args.fast_tokens)
     out: dict[str, Any] = {"concurrency": args.overhead_concurrency, "episodes": args.overhead_episodes}
+    lean = {"env_in_thread": False, "check_drift": False}
     variants = [
-        ("core EngineClient (httpx)", {}, {}),
-        ("core EngineClient (httpx), env inline, no drift check", {}, {"env_in_thread": False, "check_drift": False}),
-        ("prototype aiohttp transport", {"client_factory": aiohttp_client_factory(), "connections_per_shard": 256}, {}),
-        ("prototype aiohttp transport, env inline, no drift check",
-         {"client_factory": aiohttp_client_factory(), "connections_per_shard": 256},
-         {"env_in_thread": False, "check_drift": False}),
+        ("EngineClient (aiohttp)", {"client_factory": client_factory("aiohttp"), "connections_per_shard": 256}, {}),
+        ("EngineClient (aiohttp), env inline, no drift check",
+         {"client_factory": client_factory("aiohttp"), "connections_per_shard": 256}, lean),
+        ("EngineClient (httpx)", {"client_factory": client_factory("httpx")}, {}),
+        ("EngineClient (httpx), env inline, no drift check", {"client_factory": client_factory("httpx")}, lean),
     ]
     try:
         out["transport_only"] = await transport_bench(url, args)
@@ -296,8 +263,8 @@ async def transport_bench(url: str, args: argparse.Namespace) -> dict[str, float
                               sampling_params=SamplingParams(max_new_tokens=args.fast_tokens))
     out: dict[str, float] = {}
     shard = 16
-    for label, make in (("core EngineClient (httpx)", lambda: EngineClient(url, max_connections=shard)),
-                        ("prototype aiohttp transport", lambda: aiohttp_client_factory()(url, 256))):
+    for label, make in (("EngineClient (httpx)", lambda: EngineClient(url, max_connections=shard, transport="httpx")),
+                        ("EngineClient (aiohttp)", lambda: EngineClient(url, max_connections=256, transport="aiohttp"))):
         clients = [make() for _ in range(args.overhead_concurrency // shard)] if "httpx" in label else [make()]
         gate = asyncio.Semaphore(args.overhead_concurrency)
 
