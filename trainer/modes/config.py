@@ -24,96 +24,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from relax_gym.trainer.config import (
-    ConfigError,
-    TrainConfig,
-    apply_overrides,
-    format_validation_error,
-)
+from pydantic import Field, ValidationError, model_validator
+from relax_gym.trainer.config import ConfigError, TrainConfig, apply_overrides, format_validation_error
+
+from .settings import AsyncConfig, RayConfig, RoleResources
 
 Mode = Literal["colocate", "fully_async", "hybrid"]
 ASYNC_MODES: tuple[str, ...] = ("fully_async", "hybrid")
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-class RoleResources(_Section):
-    """Ray resources of one actor (its placement-group bundle)."""
-
-    num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the actor")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs reserved for the actor")
-    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray resources, e.g. {node_a: 1}")
-
-
-class RayConfig(_Section):
-    """Where the Ray runtime runs and what each actor reserves."""
-
-    address: str | None = Field(
-        None, description="an existing cluster ('ray://host:10001' or 'host:6379' or 'auto'); "
-        "None starts a local single-node cluster bound to 127.0.0.1")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs of the local cluster (None: Ray's count)")
-    namespace: str = Field("relax-gym", description="Ray namespace of the run's actors")
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK", description="how the placement group spreads the bundles over nodes")
-    placement_timeout_s: float = Field(120.0, gt=0, description="wait this long for the bundles to be placed")
-    trainer: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1))
-    rollout: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0))
-    engine: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=1),
-                                  description="one engine actor (embedded engines run as its child process)")
-    reward: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0))
-    queue: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0))
-    logprob: RoleResources = Field(default_factory=lambda: RoleResources(num_cpus=0))
-    reward_workers: int = Field(1, ge=1, description="reward actors (GenRM clients / rule rewards), round-robin")
-    actor_max_restarts: int = Field(2, ge=0, description="restarts of a crashed reward or engine actor")
-    runtime_env: dict[str, Any] = Field(default_factory=dict, description="Ray runtime_env for the actors")
-
-
-class AsyncConfig(_Section):
-    """The ``async_rl:`` section: queue, staleness, weight updates, workers, runtime."""
-
-    max_staleness: int = Field(
-        1, ge=0, description="a sample is trained only if current_version - min(its token versions) <= this; "
-        "0 reproduces colocate's on-policy batches")
-    stale_policy: Literal["drop", "correct"] = Field(
-        "drop", description="too-stale samples: drop them (counted), or train them with the configured "
-        "rollout correction (algorithm.rollout_correction must be tis, mis or decoupled)")
-    queue_capacity: int | None = Field(
-        None, ge=1, description="groups the queue holds at most (None: (max_staleness + 2) * prompts_per_step)")
-    prox_max_lag: int = Field(
-        1, ge=0, description="fully_async: a proximal logprob computed by the worker is used when its "
-        "version is at most this far behind the trainer; otherwise the trainer recomputes it")
-    weight_sync: Literal["engine", "distributed"] = Field(
-        "engine", description="engine: the path engine.sync selects (in-memory tensors or disk); distributed: "
-        "/init_weights_update_group + /update_weights_from_distributed and a bucketed broadcast")
-    broadcast_backend: Literal["gloo", "nccl"] = Field(
-        "gloo", description="process-group backend of the distributed path (nccl for SGLang on GPUs)")
-    master_address: str = Field("127.0.0.1", description="the trainer's address engines join the group at")
-    master_port: int | None = Field(None, ge=1, le=65535, description="group port (None: a free port)")
-    overlap_sync: bool = Field(
-        True, description="push a step's weights while the next step trains (tensor and distributed paths; the "
-        "disk path always publishes before training on): the sync leaves the trainer's critical path")
-    reward_retries: int = Field(
-        2, ge=0, description="a crashed reward worker is retried this many times, then its samples are "
-        "marked reward-failed (rewards.failed decides drop or zero)")
-    runtime: Literal["embedded", "ray"] = Field(
-        "embedded", description="embedded: one process, asyncio + engine subprocesses; ray: every role an actor")
-    ray: RayConfig = Field(default_factory=RayConfig)
-    imports: list[str] = Field(
-        default_factory=list, description="modules imported in every process before envs/rewards are made "
-        "(registers custom envs and rewards in Ray workers too)")
-    control_port: int | None = Field(
-        None, ge=0, le=65535, description="serve the elastic control API (add/remove engines) on 127.0.0.1 at "
-        "this port (0: a free port); None: off")
-    control_token: str | None = Field(None, description="bearer token of the control API (None: random, written "
-                                      "to <out>/control.json)")
-    step_timeout_s: float = Field(
-        1800.0, gt=0, description="the trainer gives up when no batch is ready for this long (all engines dead)")
-
-    def capacity(self, prompts_per_step: int) -> int:
-        return self.queue_capacity or (self.max_staleness + 2) * prompts_per_step
 
 
 class ModesTrainConfig(TrainConfig):

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from .actors import RoleActor
-from .config import ModesTrainConfig, RoleResources
+from .config import ModesTrainConfig
 from .roles import RayRole, Role
 from .runner import Roles, needs_workers
+from .settings import RoleResources
 
 log = logging.getLogger("relax_gym.trainer.modes")
 
