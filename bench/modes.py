@@ -167,31 +167,34 @@ def plot(results: dict[str, dict[str, Any]], path: Path, window_s: float = 30.0)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 1, figsize=(11, 4.2), sharex=True)
+    lanes = [k for k in ("colocate", "async", "ray") if k in results]
+    fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.1 * len(lanes)), sharex=True, squeeze=False)
     colors = {"rollout": "#4C72B0", "train": "#DD8452"}
-    if "colocate" in results:
-        ax = axes[0]
-        rows = results["colocate"]["rows"]
-        for r in rows[1:]:
-            end = r["elapsed_s"] - rows[1]["elapsed_s"] + rows[1]["time/step"]
-            start = end - r["time/step"]
-            roll = r.get("time/rollout", 0) + r.get("time/reward", 0)
-            ax.broken_barh([(start, roll)], (10, 8), color=colors["rollout"])
-            ax.broken_barh([(start + roll, r["time/step"] - roll)], (0, 8), color=colors["train"])
-        ax.set_title("colocate: generate, then train (engine idle while training)", fontsize=10)
-    if "async" in results:
-        ax = axes[1]
-        timeline = json.loads((Path(results["async"]["out"]) / "timeline.json").read_text())
+    titles = {"async": "fully_async, embedded runtime (max_staleness 1): rollout groups overlap training",
+              "ray": "fully_async, Ray runtime (max_staleness 1): the trainer in its own actor process"}
+    for ax, kind in zip(axes[:, 0], lanes, strict=True):
+        if kind == "colocate":
+            rows = results["colocate"]["rows"]
+            for r in rows[1:]:
+                end = r["elapsed_s"] - rows[1]["elapsed_s"] + rows[1]["time/step"]
+                start = end - r["time/step"]
+                roll = r.get("time/rollout", 0) + r.get("time/reward", 0)
+                ax.broken_barh([(start, roll)], (10, 8), color=colors["rollout"])
+                ax.broken_barh([(start + roll, r["time/step"] - roll)], (0, 8), color=colors["train"])
+            ax.set_title("colocate: generate, then train (engine idle while training)", fontsize=10)
+            continue
+        timeline = json.loads((Path(results[kind]["out"]) / "timeline.json").read_text())
         t0 = timeline["train"][1][0] if len(timeline["train"]) > 1 else 0.0
         for a, b, _v in timeline["rollout"]:
             ax.broken_barh([(a - t0, b - a)], (10, 8), color=colors["rollout"], alpha=0.35)
         for a, b, _v in timeline["train"]:
-            ax.broken_barh([(a - t0, b - a)], (0, 8), color=colors["train"])
-        ax.set_title("fully_async (max_staleness 1): rollout groups (engine lane) overlap training", fontsize=10)
+            ax.broken_barh([(a - t0, b - a)], (0, 8), color=colors["train"], edgecolor="white")
+        ax.set_title(titles[kind], fontsize=10)
+    axes = axes[:, 0]
     for ax in axes:
         ax.set_yticks([4, 14], ["trainer", "engine"])
         ax.set_xlim(0, window_s)
-    axes[1].set_xlabel("seconds (steady state, from step 2)")
+    axes[-1].set_xlabel("seconds (steady state, from step 2); engine lane: one bar per rollout group")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
