@@ -117,6 +117,18 @@ class EnvEntry(_Section):
     id: str = Field(description="registered env id, e.g. relax/ShapeCount-v0")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to relax_gym.make (difficulty...)")
     weight: float = Field(1.0, gt=0, description="relative sampling weight among the envs")
+    entry_point: str | None = Field(
+        None,
+        description="register `id` first from 'package.module:Class' or 'path/to/file.py:Class' (your own "
+        "env, no plugin needed); ignored when the id is already registered",
+    )
+
+    @field_validator("entry_point")
+    @classmethod
+    def _entry_point_form(cls, value: str | None) -> str | None:
+        if value is not None and (":" not in value or not value.split(":", 1)[1]):
+            raise ValueError(f"entry_point {value!r} must look like 'package.module:Class' or 'file.py:Class'")
+        return value
 
 
 class DataConfig(_Section):

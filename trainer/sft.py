@@ -194,6 +194,18 @@ class WarmupPhase:
         if self.done:
             return
         c = self.config
+        saved_micro = getattr(self.backend, "micro_batch_size", None)
+        if saved_micro is not None:  # the warm-up's own micro-batch size while it runs
+            self.backend.micro_batch_size = c.micro_batch_size  # type: ignore[attr-defined]
+        try:
+            await self._steps(on_step)
+        finally:
+            if saved_micro is not None:
+                self.backend.micro_batch_size = saved_micro  # type: ignore[attr-defined]
+        self.done = True
+
+    async def _steps(self, on_step: Callable[[int], Awaitable[None]] | None) -> None:
+        c = self.config
         while self.step < c.steps:
             trajs, skipped = await asyncio.to_thread(self.build_batch, c.batch_size)
             self.skipped += skipped
@@ -214,7 +226,6 @@ class WarmupPhase:
                 await on_step(self.step)
             if stop or not math.isfinite(loss):
                 break
-        self.done = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, "done": self.done, "skipped": self.skipped, "ema": self._ema,

@@ -98,3 +98,31 @@ def test_sampler_is_resumable_and_eval_is_held_out() -> None:
     assert [s.seed for s in ev] == [10**9, 10**9 + 1, 10**9 + 2,
                                     10**9 + EVAL_ENV_STRIDE, 10**9 + EVAL_ENV_STRIDE + 1, 10**9 + EVAL_ENV_STRIDE + 2]
     assert all(s.seed >= 10**9 for s in ev)
+
+
+def test_envs_can_come_from_an_entry_point(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import pytest
+
+    import relax_gym
+    from relax_gym.trainer.config import ConfigError, config_from_dict
+    from relax_gym.trainer.loop.data import register_entry_points
+
+    source = tmp_path / "my_envs.py"
+    source.write_text("from tests.trainer.envs import LetterEnv as MyEnv\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path.parent))
+    entries = [EnvEntry(id="user/FromFile-v0", entry_point="my_envs.py:MyEnv"),
+               EnvEntry(id="user/FromModule-v0", entry_point="tests.trainer.envs:ColourEnv")]
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    try:
+        register_entry_points(entries)
+    finally:
+        sys.path.pop(0)
+    assert type(relax_gym.make("user/FromFile-v0").unwrapped).__name__ == "LetterEnv"
+    assert type(relax_gym.make("user/FromModule-v0").unwrapped).__name__ == "ColourEnv"
+    with pytest.raises(ConfigError, match="entry_point"):
+        config_from_dict({"model": {"path": "x"}, "data": {"envs": [{"id": "a/B-v0", "entry_point": "no_colon"}]}})
+    with pytest.raises(FileNotFoundError):
+        register_entry_points([EnvEntry(id="user/Missing-v0", entry_point="missing.py:X")])

@@ -133,3 +133,40 @@ def test_kill_and_resume_continues_exactly(tiny_text_model: Path, tmp_path: Path
 def test_resume_without_checkpoint_fails_clearly(tiny_text_model: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         train(loop_config(tiny_text_model, tmp_path / "empty"), resume=True)
+
+
+def test_sigterm_stops_the_run_and_its_engines(tiny_text_model: Path, tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = loop_config(tiny_text_model, tmp_path / "run", "train.steps=100000").model_dump(mode="json")
+    cfg["data"]["envs"] = [{"id": "test/Letters-v0", "entry_point": "tests/trainer/envs.py:LetterEnv"}]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "relax_gym.cli.main", "train", str(path)], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.is_file() and '"phase": "train"' in metrics.read_text(encoding="utf-8"):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+        engines = psutil.Process(proc.pid).children(recursive=True)
+        assert any("engine" in " ".join(p.cmdline()) for p in engines)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 130  # "interrupted"
+    gone, alive = psutil.wait_procs(engines, timeout=30)
+    assert not alive, f"engines left running: {[p.pid for p in alive]}"

@@ -22,12 +22,14 @@ curve PNG. See ``docs/training.md``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +46,7 @@ from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples,
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
 from .batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
-from .data import EpisodeSampler, envs_of_suite, eval_specs, suite_specs
+from .data import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs
 from .engines import EngineFleet
 
 log = logging.getLogger("relax_gym.trainer")
@@ -158,6 +160,7 @@ class Trainer:
         self.backend = make_backend(c, self.model_path)
         self.codec = ChatCodec.from_pretrained(self.model_path, template_kwargs=dict(c.model.template_kwargs))
         self.processor = self.codec.vision.image_processor if self.codec.vision is not None else None
+        register_entry_points([*c.data.envs, *(c.eval.envs or [])])
         self.train_envs = envs_of_suite(c.data.suite) if c.data.suite else list(c.data.envs)
         self.sampler = EpisodeSampler(self.train_envs, seed=c.seed, seed_start=c.data.seed_start,
                                       seed_count=c.data.seed_count)
@@ -565,8 +568,30 @@ class Trainer:
 
 
 def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunSummary:
-    """Run a training run to the end (blocking)."""
-    return asyncio.run(Trainer(config, resume=resume, rl=rl).run())
+    """Run a training run to the end (blocking).
+
+    SIGTERM (and Ctrl-C) cancel the run cleanly: the engines it started are stopped and the
+    writers closed before :class:`KeyboardInterrupt` is raised; resume from the last checkpoint.
+    """
+
+    async def main() -> RunSummary:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        try:
+            if task is not None:
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
+            pass
+        try:
+            return await Trainer(config, resume=resume, rl=rl).run()
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt("training stopped by a signal") from None
 
 
 __all__ = ["RunSummary", "Trainer", "config_hash", "make_backend", "prepare_model", "rl_optimizer_settings",

@@ -23,6 +23,42 @@ from relax_gym.trainer.rollout import EpisodeSpec
 EVAL_ENV_STRIDE = 10_000_000
 
 
+def load_entry_point(entry_point: str) -> Any:
+    """The object ``entry_point`` names: ``package.module:attr`` or ``path/to/file.py:attr``."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    target, _, attr = entry_point.partition(":")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"env entry point file {target!r} not found (relative to {Path.cwd()})")
+        name = f"relax_gym_user_env_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        import sys
+
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def register_entry_points(envs: Sequence[EnvEntry]) -> None:
+    """Register every env that brings an ``entry_point`` and whose id is not registered yet."""
+    import relax_gym
+
+    for env in envs:
+        if env.entry_point and env.id not in relax_gym.registry:
+            relax_gym.register(env.id, entry_point=load_entry_point(env.entry_point))
+
+
 def envs_of_suite(name: str) -> list[EnvEntry]:
     """A registered suite's envs (with its per-env kwargs) as config entries."""
     import relax_gym
@@ -92,4 +128,5 @@ def suite_specs(name: str, episodes: int | None = None) -> list[EpisodeSpec]:
                         group_id=f"eval:{key.env_id}#{key.seed}") for key in suite.episodes()]
 
 
-__all__ = ["EVAL_ENV_STRIDE", "EpisodeSampler", "envs_of_suite", "eval_specs", "suite_specs"]
+__all__ = ["EVAL_ENV_STRIDE", "EpisodeSampler", "envs_of_suite", "eval_specs", "load_entry_point",
+           "register_entry_points", "suite_specs"]
