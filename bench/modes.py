@@ -86,7 +86,7 @@ def base_config(model: Path, out: Path, steps: int) -> dict[str, Any]:
 def run_one(model: Path, root: Path, kind: str, steps: int, round_: int = 0) -> dict[str, Any]:
     import os
 
-    from relax_gym.trainer.modes import modes_config_from_dict
+    from relax_gym.trainer.config import config_from_dict
     from relax_gym.trainer.modes.runner import train
 
     out = root / f"{kind}-r{round_}"
@@ -100,7 +100,7 @@ def run_one(model: Path, root: Path, kind: str, steps: int, round_: int = 0) -> 
                                                               "engine": {"num_cpus": 1}}})
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    summary = train(modes_config_from_dict(raw))
+    summary = train(config_from_dict(raw))
     total = time.perf_counter() - start
     load_after = os.getloadavg()[0]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

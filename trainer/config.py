@@ -17,7 +17,19 @@ Sections (each documented field by field below):
 * ``train`` -- the optimiser and the step structure (mini-batches, micro-batches, dynamic sampling);
 * ``warmup`` -- the supervised warm-start from oracle trajectories (also ``relax-gym sft``);
 * ``eval`` -- held-out evaluation every K steps;
-* ``checkpoint`` / ``logging`` -- saving, resuming and observability.
+* ``checkpoint`` / ``logging`` -- saving, resuming and observability;
+* ``async_rl`` -- the fully_async and hybrid modes (:class:`~relax_gym.trainer.modes.settings.AsyncConfig`):
+  staleness bound, queue, weight-update path, embedded or Ray runtime.
+
+``mode`` picks how rollout and training share the machine (``relax-gym train`` dispatches on it):
+
+* ``colocate`` -- generate, then train, then sync the weights: strictly on-policy
+  (:mod:`relax_gym.trainer.loop`);
+* ``fully_async`` -- rollout runs on its own engines and never waits for training except where
+  ``async_rl.max_staleness`` requires it; reference and proximal logprobs run as separate workers
+  (:mod:`relax_gym.trainer.modes`);
+* ``hybrid`` -- the same overlap and queue, but the trainer computes reference and proximal
+  logprobs itself (one process fewer on a small machine).
 """
 
 from __future__ import annotations
@@ -33,6 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.trainer.algorithms import AlgorithmConfig
+
+# settings.py is plain pydantic (no training-config, torch or ray import), so embedding it here
+# keeps `import relax_gym.trainer.config` as light as before
+from relax_gym.trainer.modes.settings import AsyncConfig
 
 #: Training seeds are drawn below this bound; evaluation seeds start at or above it, so held-out
 #: episodes are never trained on (checked by :class:`TrainConfig`).
@@ -284,6 +300,12 @@ class LoggingConfig(_Section):
 # ------------------------------------------------------------------------------------------------
 # the whole config
 # ------------------------------------------------------------------------------------------------
+Mode = Literal["colocate", "fully_async", "hybrid"]
+#: The modes run by ``relax_gym.trainer.modes`` (rollout and training overlap, tied by a queue).
+ASYNC_MODES: tuple[str, ...] = ("fully_async", "hybrid")
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
 class TrainConfig(_Section):
     """Everything ``relax-gym train`` needs; see the module docstring for the sections."""
 
@@ -293,8 +315,12 @@ class TrainConfig(_Section):
     deterministic: bool = Field(
         False, description="deterministic torch kernels and seeded engine sampling (bit-exact resume)"
     )
-    mode: Literal["colocate"] = Field(
-        "colocate", description="colocate: generate, then train, then sync weights (strictly on-policy)"
+    mode: Mode = Field(
+        "colocate",
+        description="colocate: generate, then train, then sync weights (strictly on-policy); "
+        "fully_async: rollout overlaps training on separate engines, samples at most async_rl.max_staleness "
+        "versions old, reference/proximal logprobs in separate workers; hybrid: the same overlap, the "
+        "trainer computes reference/proximal logprobs itself",
     )
     backend: Literal["torch", "megatron"] = Field("torch", description="training backend")
     device: str = Field("cpu", description="torch device of the trainer: cpu or cuda[:N]")
@@ -312,6 +338,10 @@ class TrainConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     megatron: dict[str, Any] = Field(default_factory=dict, description="megatron backend settings (its own schema)")
+    async_rl: AsyncConfig = Field(
+        default_factory=AsyncConfig,
+        description="fully_async / hybrid settings: staleness, queue, weight updates, runtime (embedded or ray)",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> TrainConfig:
@@ -332,9 +362,36 @@ class TrainConfig(_Section):
             raise ValueError("algorithm.distill_coef > 0 needs teacher.url (the teacher engine that scores samples)")
         if self.eval.envs is not None and self.eval.suite is not None:
             raise ValueError("give eval.envs or eval.suite, not both")
+        self._async_checks()
         return self
 
+    def _async_checks(self) -> None:
+        a = self.async_rl
+        if a.stale_policy == "correct" and self.algorithm.rollout_correction == "none":
+            raise ValueError(
+                "async_rl.stale_policy 'correct' trains too-stale samples with an importance correction: "
+                "set algorithm.rollout_correction to tis, mis or decoupled (or use stale_policy: drop)"
+            )
+        if a.queue_capacity is not None and a.queue_capacity < self.rollout.prompts_per_step:
+            raise ValueError(
+                f"async_rl.queue_capacity ({a.queue_capacity}) must hold one batch "
+                f"(rollout.prompts_per_step = {self.rollout.prompts_per_step} groups)"
+            )
+        if self.mode == "colocate" and a.runtime == "ray":
+            raise ValueError(
+                "async_rl.runtime 'ray' runs the fully_async and hybrid modes; colocate runs embedded "
+                "(set mode: fully_async or hybrid)"
+            )
+        for name in a.imports:
+            if not _MODULE_NAME.fullmatch(name):
+                raise ValueError(f"async_rl.imports entry {name!r} is not a module name")
+
     # -- views --------------------------------------------------------------------------------------
+    @property
+    def is_async(self) -> bool:
+        """True for fully_async and hybrid (run by ``relax_gym.trainer.modes.runner``)."""
+        return self.mode in ASYNC_MODES
+
     @property
     def out_dir(self) -> Path:
         return Path(self.output_dir.replace("{run_name}", self.run_name))
@@ -478,7 +535,9 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
 
 
 __all__ = [
+    "ASYNC_MODES",
     "EVAL_SEED_FLOOR",
+    "AsyncConfig",
     "CheckpointConfig",
     "ConfigError",
     "DataConfig",
@@ -487,6 +546,7 @@ __all__ = [
     "EnvEntry",
     "EvalConfig",
     "LoggingConfig",
+    "Mode",
     "ModelConfig",
     "OptimConfig",
     "RewardsConfig",

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relax_gym.trainer.config import EnvEntry
+from relax_gym.trainer.config import EnvEntry, config_from_dict
 from relax_gym.trainer.loop.data import EpisodeSampler
-from relax_gym.trainer.modes import modes_config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
 from relax_gym.trainer.modes.runner import run_async
 
@@ -30,7 +29,7 @@ async def test_zero_staleness_reproduces_colocates_on_policy_batches(tiny_model:
     """max_staleness=0: every trained token was sampled by exactly the weights being trained, and
     step n trains the groups colocate's sampler draws for step n (draws nB+1 .. (n+1)B)."""
     out = tmp_path / "k0"
-    cfg = modes_config_from_dict(config_dict(tiny_model, out, [engine.url], train={"steps": 3},
+    cfg = config_from_dict(config_dict(tiny_model, out, [engine.url], train={"steps": 3},
                                              async_rl={"max_staleness": 0, "imports": ["tests.modes.workload"],
                                                        "weight_sync": "distributed"}))
     summary = await run_async(cfg)
@@ -57,7 +56,7 @@ async def test_staleness_bound_and_exactly_once_in_hybrid_mode(tiny_model: Path,
     by more than 2 versions, and every produced sample is trained once or accounted as dropped.
     Hybrid mode: the trainer itself computes the reference and proximal logprobs."""
     out = tmp_path / "k2"
-    cfg = modes_config_from_dict(config_dict(
+    cfg = config_from_dict(config_dict(
         tiny_model, out, [engine.url], mode="hybrid", train={"steps": 5, "mini_batches": 2},
         algorithm={"kl_loss_coef": 0.01, "rollout_correction": "tis"},
         async_rl={"max_staleness": 2, "imports": ["tests.modes.workload"]}))
@@ -74,7 +73,7 @@ async def test_staleness_bound_and_exactly_once_in_hybrid_mode(tiny_model: Path,
 async def test_fully_async_logprob_workers_annotate_off_the_critical_path(tiny_model: Path, engine: Any,
                                                                          tmp_path: Path) -> None:
     out = tmp_path / "workers"
-    cfg = modes_config_from_dict(config_dict(
+    cfg = config_from_dict(config_dict(
         tiny_model, out, [engine.url], train={"steps": 4, "mini_batches": 2},
         algorithm={"kl_loss_coef": 0.01, "rollout_correction": "decoupled"},
         async_rl={"max_staleness": 2, "prox_max_lag": 2, "imports": ["tests.modes.workload"]}))
@@ -95,7 +94,7 @@ async def test_trainer_crash_and_resume_loses_and_repeats_nothing(tiny_model: Pa
     out = tmp_path / "crash"
     raw = config_dict(tiny_model, out, [engine.url], train={"steps": 5}, checkpoint={"every": 2, "keep_last": 5},
                       async_rl={"max_staleness": 1, "imports": ["tests.modes.workload"]})
-    task = asyncio.create_task(run_async(modes_config_from_dict(raw)))
+    task = asyncio.create_task(run_async(config_from_dict(raw)))
     for _ in range(1200):  # bounded: at most 120 s
         await asyncio.sleep(0.1)
         if len(read_ledger(out)) >= 3 or task.done():
@@ -108,7 +107,7 @@ async def test_trainer_crash_and_resume_loses_and_repeats_nothing(tiny_model: Pa
     before = json.loads((out / "checkpoints" / "step_000002" / "trainer_state.json").read_text())
     assert before["buffer_size"] + len(before["extra"]["async"]["producer"]["pending"]) > 0
 
-    summary = await run_async(modes_config_from_dict(raw), resume=True)
+    summary = await run_async(config_from_dict(raw), resume=True)
     assert summary.steps == 5
     audit = audit_run(out, max_staleness=1)
     assert [r["step"] for r in audit.ledger] == [1, 2, 3, 4, 5]  # the rolled-back step 3 was redone once

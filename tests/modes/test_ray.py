@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from relax_gym.trainer.checkpoint import latest_checkpoint
-from relax_gym.trainer.modes import modes_config_from_dict
+from relax_gym.trainer.config import config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
 from relax_gym.trainer.modes.runner import run_async
 
@@ -40,7 +40,7 @@ async def test_ray_runtime_survives_reward_worker_and_engine_crashes(tiny_model:
                                 "ray": {"num_cpus": 2, "trainer": {"num_cpus": 1}, "engine": {"num_cpus": 0.5}, "actor_max_restarts": 4,
                                         "runtime_env": {"env_vars": {CRASH_COUNTER_ENV: str(counter)}}}})
     raw["engine"] = {"kind": "embedded", "num_engines": 2, "threads": 1, "sync": "tensor"}
-    config = modes_config_from_dict(raw)
+    config = config_from_dict(raw)
     runtime = RayRuntime(config)
     task = asyncio.create_task(run_async(config, runtime=runtime))
     for _ in range(3000):  # bounded: 300 s

@@ -572,7 +572,14 @@ def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunS
 
     SIGTERM (and Ctrl-C) cancel the run cleanly: the engines it started are stopped and the
     writers closed before :class:`KeyboardInterrupt` is raised; resume from the last checkpoint.
+    Only ``mode: colocate`` runs here (``rl=False``, the warm-up alone, takes any mode); the
+    asynchronous modes run through :func:`relax_gym.trainer.modes.runner.train`.
     """
+    if rl and config.mode != "colocate":
+        raise ValueError(
+            f"the colocate loop does not run mode {config.mode!r}: use relax_gym.trainer.modes.runner.train "
+            "(relax-gym train picks the runner from the mode)"
+        )
 
     async def main() -> RunSummary:
         task = asyncio.current_task()

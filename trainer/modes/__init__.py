@@ -1,7 +1,8 @@
 """Execution modes beyond colocate: fully asynchronous and hybrid RL, on one machine or on Ray.
 
-* :class:`~.config.ModesTrainConfig` -- the training config with ``mode: colocate | fully_async |
-  hybrid`` and the ``async_rl:`` section (:class:`~.config.AsyncConfig`);
+* :class:`~.settings.AsyncConfig` -- the ``async_rl:`` section of the one training config
+  (:class:`~relax_gym.trainer.config.TrainConfig`, whose ``mode`` selects colocate, fully_async
+  or hybrid);
 * :class:`~.queue.TrajectoryQueue` -- bounded, group-preserving, per-sample staleness admission,
   exactly-once consumption, checkpointable;
 * :class:`~.producer.RolloutProducer` -- continuous, throttled generation into the queue;
@@ -10,25 +11,24 @@
 * :mod:`.weight_sync` -- the distributed broadcast path, publishing with failover, elastic joins;
 * :mod:`.runner` -- the loop and the embedded runtime; :mod:`.ray_runtime` -- the Ray runtime.
 
-``python -m relax_gym.trainer.modes CONFIG [key=value ...] [--resume]`` runs any mode.
-See ``docs/async.md``.
+``relax-gym train CONFIG [key=value ...] [--resume]`` runs any mode (``python -m
+relax_gym.trainer.modes`` is the same command). See ``docs/async.md``.
 """
 
 from importlib import import_module
 from typing import Any
 
 # Names are loaded on first use: a Ray reward worker imports this package without paying for
-# torch (the config module pulls it in through the training config).
+# torch, and the training config imports .settings without a cycle.
 _EXPORTS = {
-    "ASYNC_MODES": ".config", "AsyncConfig": ".config", "ModesTrainConfig": ".config", "RayConfig": ".config",
-    "load_modes_config": ".config", "modes_config_from_dict": ".config",
+    "AsyncConfig": ".settings", "RayConfig": ".settings", "RoleResources": ".settings",
     "Batch": ".queue", "QueueError": ".queue", "QueuedGroup": ".queue", "QueuedSample": ".queue",
     "TrajectoryQueue": ".queue", "run_async": ".runner", "train": ".runner",
 }
 
 __all__ = [
-    "ASYNC_MODES", "AsyncConfig", "Batch", "ModesTrainConfig", "QueueError", "QueuedGroup", "QueuedSample",
-    "RayConfig", "TrajectoryQueue", "load_modes_config", "modes_config_from_dict", "run_async", "train",
+    "AsyncConfig", "Batch", "QueueError", "QueuedGroup", "QueuedSample", "RayConfig", "RoleResources",
+    "TrajectoryQueue", "run_async", "train",
 ]
 
 

@@ -69,9 +69,9 @@ class RoleActor:
             self.obj: Any = RewardWorker(r.get("entries", [{"name": "env"}]), r.get("per_env") or None,
                                          float(r.get("timeout_s", 60.0)), imports=imports)
             return
-        from .config import ModesTrainConfig
+        from relax_gym.trainer.config import TrainConfig
 
-        config = ModesTrainConfig.model_validate(config_data)
+        config = TrainConfig.model_validate(config_data)
         if config.threads:
             import torch
 

@@ -36,11 +36,11 @@ import numpy as np
 import torch
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
 from relax_gym.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.loop import Trainer
 from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
-from .config import ModesTrainConfig
 from .queue import Batch, QueuedGroup, groups_from_trajectories, groups_to_trajectories
 from .weight_sync import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
 
@@ -61,9 +61,9 @@ class Learner(Trainer):
     started (the Ray runtime's engine actors); without them the learner starts the configured
     engines itself (the embedded runtime)."""
 
-    config: ModesTrainConfig
+    config: TrainConfig
 
-    def __init__(self, config: ModesTrainConfig, *, resume: bool = False, engine_urls: list[str] | None = None,
+    def __init__(self, config: TrainConfig, *, resume: bool = False, engine_urls: list[str] | None = None,
                  api_key: str | None = None, inline_logprobs: bool | None = None) -> None:
         super().__init__(config, resume=resume, rl=True)
         self.engine_urls = list(engine_urls) if engine_urls is not None else None

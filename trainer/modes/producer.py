@@ -36,11 +36,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.loop.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.loop.data import EpisodeSampler, envs_of_suite
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
-from .config import ModesTrainConfig
 from .queue import QueuedGroup, QueuedSample
 from .rewards import score_with_retries
 from .roles import Role
@@ -49,7 +49,7 @@ log = logging.getLogger("relax_gym.trainer.modes")
 RETRY_BACKOFF_S = 1.0
 
 
-def rollout_config(config: ModesTrainConfig) -> RolloutConfig:
+def rollout_config(config: TrainConfig) -> RolloutConfig:
     """The rollout manager's settings for training episodes."""
     r = config.rollout
     return RolloutConfig(
@@ -81,7 +81,7 @@ class RolloutProducer:
     (``owns_pause=True``: :meth:`pause` / :meth:`resume` drive it).
     """
 
-    def __init__(self, config: ModesTrainConfig, codec: ChatCodec, router: EngineRouter, queue: Role,
+    def __init__(self, config: TrainConfig, codec: ChatCodec, router: EngineRouter, queue: Role,
                  rewards: list[Role], *, owns_pause: bool = False) -> None:
         self.config = config
         self.codec = codec

@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from relax_gym.trainer.config import TrainConfig
+
 from .actors import RoleActor
-from .config import ModesTrainConfig
 from .roles import RayRole, Role
 from .runner import Roles, needs_workers
 from .settings import RoleResources
@@ -55,7 +56,7 @@ def _bundle(r: RoleResources) -> dict[str, float]:
 class RayRuntime:
     """Builds the roles as Ray actors; see the module docstring."""
 
-    def __init__(self, config: ModesTrainConfig) -> None:
+    def __init__(self, config: TrainConfig) -> None:
         self.config = config
         self._started_ray = False
         self._actors: list[Any] = []
@@ -140,7 +141,7 @@ class RayRuntime:
         return actor
 
     # -- the roles ---------------------------------------------------------------------------------------
-    async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role:
+    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role:
         self._init_ray()
         c, r = config, config.async_rl.ray
         want_ref, want_prox = needs_workers(c)
@@ -184,7 +185,7 @@ class RayRuntime:
         self._rollout = RayRole(rollout_actor, "rollout")
         return role
 
-    async def make_data_plane(self, config: ModesTrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
+    async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
         c, a, r = config, config.async_rl, config.async_rl.ray
         queue, rollout = self._queue, self._rollout
         await rollout.open_router()

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.loop import RunSummary
 
-from .config import ModesTrainConfig
 from .roles import LocalRole, Role
 
 log = logging.getLogger("relax_gym.trainer.modes")
@@ -57,9 +57,9 @@ class Roles:
 class Runtime(Protocol):
     """Builds the roles; two phases because the data plane needs the engines the learner opened."""
 
-    async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role: ...
+    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role: ...
 
-    async def make_data_plane(self, config: ModesTrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
+    async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
 
     async def shutdown(self) -> None: ...
 
@@ -69,7 +69,7 @@ def import_modules(names: list[str]) -> None:
         importlib.import_module(name)
 
 
-def needs_workers(config: ModesTrainConfig) -> tuple[bool, bool]:
+def needs_workers(config: TrainConfig) -> tuple[bool, bool]:
     """(reference worker, proximal worker) for this config: only fully_async runs them, and only
     when the algorithm needs those logprobs."""
     if config.mode != "fully_async":
@@ -90,14 +90,14 @@ class EmbeddedRuntime:
         self._learner: Any = None
         self._producer: Any = None
 
-    async def make_learner(self, config: ModesTrainConfig, *, resume: bool) -> Role:
+    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role:
         from .learner import Learner
 
         import_modules(config.async_rl.imports)
         self._learner = Learner(config, resume=resume)
         return LocalRole(self._learner)
 
-    async def make_data_plane(self, config: ModesTrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
+    async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
         from .producer import RolloutProducer
         from .queue import TrajectoryQueue
         from .rewards import RewardWorker
@@ -149,7 +149,7 @@ def write_control_file(out_dir: Path, url: str, token: str) -> None:
 class AsyncRunner:
     """Runs a fully_async or hybrid training run on a runtime; see the module docstring."""
 
-    def __init__(self, config: ModesTrainConfig, runtime: Runtime, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, runtime: Runtime, *, resume: bool = False) -> None:
         if not config.is_async:
             raise ValueError(f"AsyncRunner runs fully_async and hybrid; mode is {config.mode!r}")
         self.config = config
@@ -319,7 +319,7 @@ class AsyncRunner:
         path.write_text(json.dumps(data), encoding="utf-8")
 
 
-async def run_async(config: ModesTrainConfig, *, resume: bool = False, runtime: Runtime | None = None) -> RunSummary:
+async def run_async(config: TrainConfig, *, resume: bool = False, runtime: Runtime | None = None) -> RunSummary:
     """Run a fully_async / hybrid config on its configured runtime (or the one given)."""
     if runtime is None:
         if config.async_rl.runtime == "ray":
@@ -331,16 +331,14 @@ async def run_async(config: ModesTrainConfig, *, resume: bool = False, runtime: 
     return await AsyncRunner(config, runtime, resume=resume).run()
 
 
-def train(config: ModesTrainConfig, *, resume: bool = False) -> RunSummary:
-    """Run any mode to the end (blocking): colocate through the training core's loop, the
-    asynchronous modes through :class:`AsyncRunner`."""
+def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+    """Run any mode to the end (blocking): the asynchronous modes through :class:`AsyncRunner`,
+    colocate through the training core's loop (as ``relax-gym train`` does)."""
     if config.is_async:
         return asyncio.run(run_async(config, resume=resume))
-    from relax_gym.trainer.config import TrainConfig
     from relax_gym.trainer.loop import train as colocate_train
 
-    plain = TrainConfig.model_validate(config.model_dump(mode="json", exclude={"async_rl"}))
-    return colocate_train(plain, resume=resume)
+    return colocate_train(config, resume=resume)
 
 
 __all__ = ["AsyncRunner", "EmbeddedRuntime", "Roles", "Runtime", "import_modules", "needs_workers", "run_async",

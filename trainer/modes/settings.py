@@ -1,9 +1,9 @@
 """The ``async_rl:`` section of the training config: every knob of the fully_async and hybrid
 modes, with its meaning beside it.
 
-This module imports nothing from the training config, so the training core's
-:class:`~relax_gym.trainer.config.TrainConfig` can embed :class:`AsyncConfig` directly (see
-``relax_gym.trainer.modes.config`` for the combined config used until it does).
+The training config (:class:`~relax_gym.trainer.config.TrainConfig`) embeds :class:`AsyncConfig`
+as ``async_rl``, and checks it against the other sections there. This module therefore imports
+nothing from the training config, nor torch or ray: importing the config stays light.
 """
 
 from __future__ import annotations
