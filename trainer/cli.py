@@ -1,22 +1,42 @@
-"""``relax-gym train CONFIG [key.sub=value ...] [--resume]``: run a training config.
+"""``relax-gym train CONFIG [key.sub=value ...] [--resume]``: run a training config, any mode.
 
 The config (YAML) and the overrides are validated before anything starts; a bad field exits
 with status 2 and one line per problem (the dotted field, what is wrong, the allowed values).
+The config's ``mode`` picks the runner: ``colocate`` runs the training core's loop
+(:mod:`relax_gym.trainer.loop`), ``fully_async`` and ``hybrid`` run the asynchronous runner
+(:mod:`relax_gym.trainer.modes.runner`, on the embedded or the Ray runtime per ``async_rl.runtime``).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relax_gym.trainer.config import TrainConfig
+    from relax_gym.trainer.loop import RunSummary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="training config (YAML), e.g. examples/quickstart.yaml")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
-                        help="dotted overrides applied on top of the file, e.g. train.steps=20 train.lr=1e-5")
+                        help="dotted overrides applied on top of the file, e.g. train.steps=20 train.lr=1e-5 "
+                        "mode=fully_async async_rl.max_staleness=2")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in the run's output_dir")
     parser.add_argument("--print-config", action="store_true", help="print the validated config and exit")
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+    """Run ``config`` to the end with the runner of its ``mode`` (blocking)."""
+    if config.is_async:
+        from relax_gym.trainer.modes.runner import train as async_train
+
+        return async_train(config, resume=resume)
+    from relax_gym.trainer.loop import train as colocate_train
+
+    return colocate_train(config, resume=resume)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,8 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
-    from relax_gym.trainer.loop import train
-
     try:
         summary = train(config, resume=args.resume)
     except FileNotFoundError as exc:
@@ -39,10 +57,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     first = summary.first_eval.get("success")
     final = summary.final_eval.get("success")
-    line = f"done: {summary.steps} RL steps in {summary.elapsed_s / 60:.1f} min; outputs in {summary.out_dir}"
+    line = f"done ({config.mode}): {summary.steps} RL steps in {summary.elapsed_s / 60:.1f} min; outputs in {summary.out_dir}"
     if first is not None and final is not None:
         line += f"; held-out success {first:.2f} -> {final:.2f}"
     if summary.curves is not None:
         line += f"; curves: {summary.curves}"
     print(line)
     return 0
+
+
+__all__ = ["add_arguments", "run", "train"]

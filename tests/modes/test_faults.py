@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from relax_gym.trainer.modes import modes_config_from_dict
+from relax_gym.trainer.config import config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
 from relax_gym.trainer.modes.runner import run_async
 
@@ -40,7 +40,7 @@ async def test_an_engine_killed_during_training_fails_over(tiny_model: Path, eng
     doomed = start_engine(tiny_model, tmp_path, "doomed")
     out = tmp_path / "run"
     try:
-        cfg = modes_config_from_dict(config_dict(
+        cfg = config_from_dict(config_dict(
             tiny_model, out, [engine.url, doomed.url], train={"steps": 6},
             rollout={"max_new_tokens": 16}, async_rl={"max_staleness": 1, "imports": ["tests.modes.workload"]}))
         task = asyncio.create_task(run_async(cfg))
@@ -61,7 +61,7 @@ async def test_engines_join_with_current_weights_and_leave_after_draining(tiny_m
     joiner = start_engine(tiny_model, tmp_path, "joiner")  # serves the base weights as version 0
     out = tmp_path / "run"
     try:
-        cfg = modes_config_from_dict(config_dict(
+        cfg = config_from_dict(config_dict(
             tiny_model, out, [engine.url], train={"steps": 8}, rollout={"max_new_tokens": 16},
             async_rl={"max_staleness": 1, "control_port": 0, "imports": ["tests.modes.workload"]}))
         task = asyncio.create_task(run_async(cfg))
@@ -107,7 +107,7 @@ def test_trainer_killed_and_resumed_loses_and_repeats_no_sample(tiny_model: Path
     raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": 1, "sync": "tensor"}
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(raw))
-    command = [sys.executable, "-m", "relax_gym.trainer.modes", str(path)]
+    command = [sys.executable, "-m", "relax_gym.cli.main", "train", str(path)]  # relax-gym train
     engine_pids: list[int] = []
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -134,3 +134,38 @@ def test_trainer_killed_and_resumed_loses_and_repeats_no_sample(tiny_model: Path
                 os.killpg(pid, signal.SIGKILL)
     audit = audit_run(out, max_staleness=1)
     assert [r["step"] for r in audit.ledger] == [1, 2, 3, 4, 5, 6]
+
+
+def test_sigterm_stops_an_async_run_and_its_engines(tiny_model: Path, tmp_path: Path) -> None:
+    """``relax-gym train`` on a fully_async config: SIGTERM to the trainer ends the run as an
+    interrupt (exit 130) and stops the engine it started, as in colocate."""
+    out = tmp_path / "run"
+    raw = config_dict(tiny_model, out, [], train={"steps": 100000})
+    raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": 1, "sync": "tensor"}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.Popen([sys.executable, "-m", "relax_gym.cli.main", "train", str(path)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    engine_pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None and not read_ledger(out):
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+        engine_pids = [e["pid"] for e in json.loads((out / "engines" / "pids.json").read_text())]
+        assert engine_pids and all(_alive(pid) for pid in engine_pids)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        output = proc.stdout.read().decode() if proc.stdout else ""
+        assert code == 130, output[-3000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in engine_pids):
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in engine_pids), "engines left running"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        for pid in engine_pids:
+            if _alive(pid):
+                os.killpg(pid, signal.SIGKILL)

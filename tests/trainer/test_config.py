@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from relax_gym.cli.main import main
 from relax_gym.trainer.config import (
@@ -121,3 +124,70 @@ def test_cli_print_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", str(ROOT / "examples" / "quickstart.yaml"), "train.steps=7", "--print-config"]) == 0
     out = capsys.readouterr().out
     assert "steps: 7" in out
+
+
+ASYNC_YAML = """\
+mode: fully_async
+model: {build: {kind: qwen3}}
+data: {envs: [{id: test/Letters-v0}]}
+rollout: {prompts_per_step: 4}
+algorithm: {rollout_correction: tis}
+async_rl:
+  max_staleness: 2
+  stale_policy: correct
+  queue_capacity: 8
+  weight_sync: distributed
+  runtime: ray
+  ray: {num_cpus: 2, trainer: {num_cpus: 1}}
+  imports: [tests.trainer.envs]
+"""
+
+
+def test_async_mode_and_section_validate_from_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "async.yaml"
+    path.write_text(ASYNC_YAML, encoding="utf-8")
+    cfg = load_config(path)
+    assert cfg.mode == "fully_async" and cfg.is_async
+    a = cfg.async_rl
+    assert (a.max_staleness, a.stale_policy, a.capacity(4), a.weight_sync) == (2, "correct", 8, "distributed")
+    assert (a.runtime, a.ray.num_cpus, a.ray.trainer.num_cpus, a.imports) == ("ray", 2, 1.0, ["tests.trainer.envs"])
+    assert not load_config(path, ["mode=colocate", "async_rl.runtime=embedded"]).is_async
+    assert load_config(path, ["mode=hybrid"]).is_async
+
+
+def test_bad_mode_names_the_field_and_the_three_modes() -> None:
+    msg = errors_of(["mode=async"])
+    assert "mode: must be one of 'colocate', 'fully_async' or 'hybrid' (got 'async')" in msg
+
+
+def test_async_settings_are_checked_against_the_rest_of_the_config() -> None:
+    assert "set algorithm.rollout_correction" in errors_of(["mode=fully_async", "async_rl.stale_policy=correct"])
+    assert "must hold one batch" in errors_of(["mode=hybrid", "async_rl.queue_capacity=2", "rollout.prompts_per_step=4"])
+    # the Ray runtime runs the asynchronous modes only: with colocate it would be silently ignored
+    assert "colocate runs embedded" in errors_of(["async_rl.runtime=ray"])
+    assert "not a module name" in errors_of(["mode=hybrid", "async_rl.imports=['a b']"])
+    assert "async_rl.max_staleness" in errors_of(["mode=fully_async", "async_rl.max_staleness=-1"])
+
+
+def test_cli_print_config_round_trips_the_async_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "async.yaml"
+    path.write_text(ASYNC_YAML, encoding="utf-8")
+    assert main(["train", str(path), "async_rl.max_staleness=3", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    again = tmp_path / "printed.yaml"
+    again.write_text(printed, encoding="utf-8")
+    original = load_config(path, ["async_rl.max_staleness=3"])
+    assert load_config(again) == original
+    section = yaml.safe_load(printed)["async_rl"]
+    assert section["max_staleness"] == 3 and section["runtime"] == "ray" and section["ray"]["num_cpus"] == 2
+
+
+def test_config_import_pulls_no_ray_and_the_async_section_no_torch() -> None:
+    """The async section is plain pydantic: embedding it adds neither ray nor torch to the config's imports."""
+    code = ("import sys; import relax_gym.trainer.modes.settings as s; "
+            "assert not {'torch', 'ray', 'relax_gym.trainer.config'} & set(sys.modules), sorted(sys.modules); "
+            "import relax_gym.trainer.config; assert 'ray' not in sys.modules; "
+            "print(sorted(m for m in sys.modules if m.startswith('relax_gym.trainer.modes')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['relax_gym.trainer.modes', 'relax_gym.trainer.modes.settings']"

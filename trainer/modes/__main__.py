@@ -1,5 +1,7 @@
+"""``python -m relax_gym.trainer.modes CONFIG ...`` is ``relax-gym train CONFIG ...`` (every mode)."""
+
 import sys
 
-from .cli import main
+from relax_gym.cli.main import main
 
-sys.exit(main())
+sys.exit(main(["train", *sys.argv[1:]]))

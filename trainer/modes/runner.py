@@ -28,6 +28,7 @@ import contextlib
 import importlib
 import json
 import logging
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,9 +334,32 @@ async def run_async(config: TrainConfig, *, resume: bool = False, runtime: Runti
 
 def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     """Run any mode to the end (blocking): the asynchronous modes through :class:`AsyncRunner`,
-    colocate through the training core's loop (as ``relax-gym train`` does)."""
+    colocate through the training core's loop (as ``relax-gym train`` does).
+
+    As in colocate, SIGTERM (and Ctrl-C) cancel an asynchronous run cleanly: the workers stop,
+    the engines the run started are stopped, then :class:`KeyboardInterrupt` is raised; resume
+    from the last checkpoint.
+    """
     if config.is_async:
-        return asyncio.run(run_async(config, resume=resume))
+
+        async def main() -> RunSummary:
+            task = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+            try:
+                if task is not None:
+                    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
+                pass
+            try:
+                return await run_async(config, resume=resume)
+            finally:
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.remove_signal_handler(signal.SIGTERM)
+
+        try:
+            return asyncio.run(main())
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt("training stopped by a signal") from None
     from relax_gym.trainer.loop import train as colocate_train
 
     return colocate_train(config, resume=resume)
