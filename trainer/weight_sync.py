@@ -70,9 +70,12 @@ class WeightSync:
         assert isinstance(router, EngineRouter)
         start = time.perf_counter()
         nbytes = sum(t.numel() * t.element_size() for _, t in self.backend.named_weights())
-        handles = [h for h in router.engines if h.state in ("ready", "draining")]
+        handles = await router.live_engines(wait_s=router.no_engine_timeout_s)
         if not handles:
-            raise WeightSyncFailed("no live engine to sync weights to")
+            raise WeightSyncFailed(
+                f"no live engine to sync weights to after waiting {router.no_engine_timeout_s:.0f} s; engines: "
+                + ", ".join(f"{h.id} {h.state} ({h.last_error})" for h in router.engines)
+            )
         async with router.paused_for_update():
             if self.path == "disk":
                 folder = self.staging_dir / f"v{version:06d}"

@@ -50,3 +50,54 @@ def test_config_rejects_bad_values() -> None:
         RolloutConfig(think_policy="drop")  # type: ignore[arg-type]
     with pytest.raises(ValidationError):
         RolloutConfig(unknown_knob=1)  # type: ignore[call-arg]
+
+
+async def test_a_few_missed_health_checks_do_not_drop_an_engine() -> None:
+    """A busy CPU engine may answer /health late: only ``unhealthy_after`` misses in a row mark
+    it unhealthy, an answer revives it, and ``live_engines(wait_s=...)`` waits for that."""
+    from aiohttp import web
+
+    answering = {"ok": True}
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200 if answering["ok"] else 503)
+
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": "m", "weight_version": None})
+
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.get("/get_model_info", model_info)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with EngineRouter([f"http://127.0.0.1:{port}"], health_interval_s=3600, health_timeout_s=1.0,
+                                unhealthy_after=3, no_engine_timeout_s=2.0) as router:
+            engine = router.engines[0]
+            assert engine.state == "ready"
+            answering["ok"] = False
+            await router.check_health()
+            await router.check_health()
+            assert engine.state == "ready" and engine.missed_health == 2
+            answering["ok"] = True
+            await router.check_health()  # an answer resets the count
+            assert engine.missed_health == 0
+            answering["ok"] = False
+            for _ in range(3):
+                await router.check_health()
+            assert engine.state == "unhealthy" and router.events["marked_unhealthy"] == 1
+            assert await router.live_engines() == []
+            answering["ok"] = True
+
+            async def revive_soon() -> None:
+                await asyncio.sleep(0.2)
+                await router.check_health()
+
+            reviver = asyncio.create_task(revive_soon())
+            live = await router.live_engines(wait_s=2.0)  # woken by the revival
+            await reviver
+            assert [h.id for h in live] == [engine.id] and router.events["revived"] == 1
+    finally:
+        await runner.cleanup()

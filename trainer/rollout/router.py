@@ -73,6 +73,7 @@ class EngineHandle:
     sessions: set[str] = field(default_factory=set)
     weight_version: str | None = None
     failures: int = 0
+    missed_health: int = 0  # consecutive periodic health checks without an answer
     served: int = 0
     last_error: str | None = None
     added_at: float = field(default_factory=time.monotonic)
@@ -136,6 +137,7 @@ class EngineRouter:
         request_timeout_s: float = 300.0,
         health_interval_s: float = 2.0,
         health_timeout_s: float = 2.0,
+        unhealthy_after: int = 3,
         no_engine_timeout_s: float = 60.0,
         max_connections: int = 256,
         connections_per_shard: int = 16,
@@ -147,6 +149,9 @@ class EngineRouter:
         self.request_timeout_s = request_timeout_s
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
+        # A CPU engine busy with a long batch may answer one /health late; only this many
+        # silent checks in a row mark it unhealthy (a failed request's probe still acts at once).
+        self.unhealthy_after = max(1, unhealthy_after)
         self.no_engine_timeout_s = no_engine_timeout_s
         self._shards = max(1, -(-max_connections // max(1, connections_per_shard)))
         per_shard = -(-max_connections // self._shards)
@@ -238,6 +243,20 @@ class EngineRouter:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    async def live_engines(self, *, wait_s: float = 0.0) -> list[EngineHandle]:
+        """Engines that can take new weights (ready or draining). With ``wait_s`` > 0 and none
+        live, wait up to that long for the health loop to revive one, instead of failing a
+        weight sync because the only engine missed a few health checks under load."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            live = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+            left = deadline - time.monotonic()
+            if live or left <= 0:
+                return live
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), timeout=min(left, self.health_interval_s))
 
     # -- routing ------------------------------------------------------------------------------------
     async def acquire(self, session: str, *, timeout_s: float | None = None) -> EngineHandle:
@@ -344,8 +363,9 @@ class EngineRouter:
         results = await asyncio.gather(*(h.client.health(timeout_s=self.health_timeout_s) for h in handles))
         changed = False
         for handle, ok in zip(handles, results, strict=True):
-            if not ok and handle.state in ("ready", "draining"):
-                self._mark_unhealthy(handle, "health check failed")
+            handle.missed_health = 0 if ok else handle.missed_health + 1
+            if not ok and handle.state in ("ready", "draining") and handle.missed_health >= self.unhealthy_after:
+                self._mark_unhealthy(handle, f"{handle.missed_health} health checks in a row failed")
                 changed = True
             elif ok and handle.state == "unhealthy" and handle.id in self._engines:
                 try:
