@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,10 @@ async def test_trainer_crash_and_resume_loses_and_repeats_nothing(tiny_model: Pa
     raw = config_dict(tiny_model, out, [engine.url], train={"steps": 5}, checkpoint={"every": 2, "keep_last": 5},
                       async_rl={"max_staleness": 1, "imports": ["tests.modes.workload"]})
     task = asyncio.create_task(run_async(config_from_dict(raw)))
-    for _ in range(1200):  # bounded: at most 120 s
-        await asyncio.sleep(0.1)
-        if len(read_ledger(out)) >= 3 or task.done():
-            break
+    deadline = time.monotonic() + 120
+    # a step of this tiny run can take well under 0.1 s: poll finely, or step 4 lands before the cancel
+    while time.monotonic() < deadline and len(read_ledger(out)) < 3 and not task.done():
+        await asyncio.sleep(0.002)
     assert not task.done(), "the run ended before it could be interrupted"
     task.cancel()  # the crash: no final checkpoint, everything in memory is gone
     with pytest.raises(asyncio.CancelledError):
