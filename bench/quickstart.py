@@ -26,58 +26,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# ------------------------------------------------------------------------------------------------
-# The quickstart's env, until the envs package ships it (see docs/benchmarks.md, "Training").
-# ------------------------------------------------------------------------------------------------
-def _spot_colour_env() -> Any:
-    """Build the env class lazily, so importing this file stays light."""
-    import numpy as np
-    from PIL import Image, ImageDraw
-
-    from relax_gym.envs._base import BoxedAnswerEnv, Task
-    from relax_gym.envs._draw import BACKGROUND, COLORS, SHAPES, draw_shape
-    from relax_gym.types import ImagePart
-
-    words = ("red", "green", "blue", "yellow", "purple", "orange")
-
-    class SpotColourEnv(BoxedAnswerEnv):  # type: ignore[type-arg]
-        """Name the colour of the one shape in a 224x224 picture; answer ``\\boxed{colour}``.
-
-        Six colours (a random answer is right 1 time in 6); the shape, its size (radius 56-84
-        px), rotation and position vary. Reward 1.0 / 0.1 (a wrong colour from the list) / 0.
-        """
-
-        levels = {"easy": None}
-        modalities = ("text", "image")
-        tags = ("vision", "colour")
-
-        def make_task(self, level: Any) -> Task:
-            rng = self.np_random
-            colour, shape = str(rng.choice(words)), str(rng.choice(SHAPES))
-            r = float(rng.uniform(56, 84))
-            cx, cy = (float(v) for v in rng.uniform(r + 4, 224 - r - 4, size=2))
-            img = Image.new("RGB", (224, 224), BACKGROUND)
-            draw_shape(ImageDraw.Draw(img), shape, cx, cy, r, COLORS[colour], float(rng.uniform(0, 360)))
-            prompt = (f"What colour is the {shape}? Answer with one word from: {', '.join(words)}. "
-                      "Reply as \\boxed{word}.")
-            return Task(prompt, colour, colour, (ImagePart(img, id="image"),), {"shape": shape})
-
-        def parse_answer(self, raw: str) -> str | None:
-            word = raw.strip().strip(".").lower()
-            return word if word in words else None
-
-        def random_answer(self, rng: np.random.Generator) -> str:
-            return str(rng.choice(words))
-
-    return SpotColourEnv
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SpotColourEnv":
-        return _spot_colour_env()
-    raise AttributeError(name)
-
-
 def summarize(out_dir: Path, target: float) -> dict[str, Any]:
     from relax_gym.trainer.observability import read_metrics
 

@@ -8,7 +8,8 @@
   or yes/no, as the question states).
 * **Reward** -- 1.0 for the right word, 0.1 for a wrong word from the allowed list, else 0;
   ``success`` means the right word.
-* **Difficulty** -- ``easy``: 3 objects, attribute questions. ``medium``: 5 objects, extremes
+* **Difficulty** -- ``single``: one large object, "what colour is it?" (the CPU quickstart's
+  level: a tiny model can learn it in minutes). ``easy``: 3 objects, attribute questions. ``medium``: 5 objects, extremes
   and left/right/above/below relations. ``hard``: 6 objects of varied sizes, nearest-neighbour
   and extreme questions.
 
@@ -57,6 +58,7 @@ class Level:
 
 
 LEVELS = {
+    "single": Level(1, 1, (100, 112), ("color_of",)),
     "easy": Level(3, 3, (20, 20), ("color_of", "shape_of")),
     "medium": Level(5, 4, (16, 16), ("extreme", "relation")),
     "hard": Level(6, 4, (9, 20), ("nearest", "extreme")),

@@ -100,7 +100,8 @@ def _default_corpus() -> list[str]:
     """A small, varied English + JSON + arithmetic corpus; enough to learn a few hundred merges."""
     words = (
         "the a an of to in is it that for on with as was at by be this are from or have not "
-        "answer question image count shapes red green blue circle square triangle total number "
+        "answer question image count shapes red green blue yellow purple orange circle square triangle star "
+        "diamond hexagon colour shape object word reply one from with total number "
         "tool call function name arguments result error observation assistant user system think "
         "zoom crop calculator python search true false null yes no even odd left right top bottom"
     ).split()

@@ -267,9 +267,10 @@ class WeightPublisher:
     async def _push_all(self, version: int, named: list[tuple[str, torch.Tensor]] | None = None) -> SyncResult:
         router = self.router
         start = time.perf_counter()
-        handles = self._live()
+        # the only engine may have missed a few health checks under load: wait (bounded) for revival
+        handles = await router.live_engines(wait_s=router.no_engine_timeout_s)
         if not handles:
-            raise WeightSyncFailed("no live engine to sync weights to")
+            raise WeightSyncFailed(f"no live engine to sync weights to after waiting {router.no_engine_timeout_s:.0f} s")
         if named is None:
             named = list(self.backend.named_weights())
         nbytes = sum(t.numel() * t.element_size() for _, t in named)
