@@ -151,6 +151,14 @@ def _first_action(env: Env) -> Action | str:
     return JUNK_ACTIONS[1]
 
 
+def _where(a: str, b: str) -> str:
+    """Where two renderings first differ, and the media type of the data URL around it."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = a.rfind("data:", 0, i)
+    kind = a[start:a.find(";", start)] if start >= 0 else "text"
+    return f": first difference at character {i} of {len(a)} / {len(b)}, inside {kind}"
+
+
 def _check_determinism(env: Env, seeds: list[int]) -> str | None:
     rendered: dict[int, str] = {}
     for seed in seeds:
@@ -162,7 +170,7 @@ def _check_determinism(env: Env, seeds: list[int]) -> str | None:
         json_b = _openai_json(env, obs_b)
         step_b = env.step(action)
         _require(obs_a == obs_b, f"seed {seed}: two resets gave different observations")
-        _require(json_a == json_b, f"seed {seed}: two resets rendered to different bytes (openai style)")
+        _require(json_a == json_b, f"seed {seed}: two resets rendered to different bytes (openai style){_where(json_a, json_b)}")
         _require(_stable(info_a) == _stable(info_b), f"seed {seed}: two resets gave different info")
         _require(step_a[0] == step_b[0], f"seed {seed}: the same action gave different step observations")
         _require(

@@ -140,7 +140,8 @@ def _run_on_worker(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     state = {"started": False, "finished": False, "abandoned": False}
-    lock = WORKERS._lock
+    workers = WORKERS  # the pool this call is counted on, even if the global is swapped meanwhile
+    lock = workers._lock
 
     def settle(ok: bool, value: Any) -> None:
         if not fut.done():
@@ -158,7 +159,7 @@ def _run_on_worker(fn: Callable[[], Any]) -> asyncio.Future[Any]:
         with lock:
             state["finished"] = True
             if state["abandoned"]:
-                WORKERS.stuck -= 1
+                workers.stuck -= 1
                 return
         try:
             loop.call_soon_threadsafe(settle, ok, value)
@@ -170,10 +171,10 @@ def _run_on_worker(fn: Callable[[], Any]) -> asyncio.Future[Any]:
             with lock:
                 if not state["finished"]:
                     state["abandoned"] = True
-                    WORKERS.stuck += int(state["started"])
+                    workers.stuck += int(state["started"])
 
     fut.add_done_callback(on_done)
-    WORKERS.submit(job)
+    workers.submit(job)
     return fut
 
 
