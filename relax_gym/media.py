@@ -348,6 +348,27 @@ def _decode_video(data: bytes, where: str) -> tuple[np.ndarray, float]:
         raise MediaError("video", where, f"corrupt or unsupported video ({exc})") from None
 
 
+def _rgb_to_yuv420p(frame: np.ndarray) -> np.ndarray:
+    """BT.601 limited-range RGB -> planar YUV 4:2:0 (``[H * 3 / 2, W]``), in numpy.
+
+    Done here rather than by FFmpeg's swscale because swscale picks SIMD or C paths by the
+    input buffer's memory alignment, and those round differently: the same frames then encode
+    to different bytes from run to run, which breaks the checker's determinism guarantee.
+    """
+    rgb = frame.astype(np.float32)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    y = 16.0 + (65.481 * r + 128.553 * g + 24.966 * b) / 255.0
+    cb = 128.0 + (-37.797 * r - 74.203 * g + 112.0 * b) / 255.0
+    cr = 128.0 + (112.0 * r - 93.786 * g - 18.214 * b) / 255.0
+    h, w = y.shape
+
+    def half(c: np.ndarray) -> np.ndarray:  # 2x2 box average (the sizes are even)
+        return c.reshape(h // 2, 2, w // 2, 2).mean(axis=(1, 3))
+
+    planes = [np.rint(y), np.rint(half(cb)), np.rint(half(cr))]
+    return np.concatenate([p.reshape(-1) for p in planes]).clip(0, 255).astype(np.uint8).reshape(h * 3 // 2, w)
+
+
 def encode_video(frames: np.ndarray, fps: float) -> bytes:
     """Encode RGB frames to H.264 mp4 (odd sizes are padded to even for yuv420p)."""
     arr = np.asarray(frames)
@@ -381,7 +402,8 @@ def encode_video(frames: np.ndarray, fps: float) -> bytes:
         }
         stream.thread_count = 1
         for frame in arr:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            yuv = av.VideoFrame.from_ndarray(_rgb_to_yuv420p(frame), format="yuv420p")
+            for packet in stream.encode(yuv):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
