@@ -351,9 +351,10 @@ def _decode_video(data: bytes, where: str) -> tuple[np.ndarray, float]:
 def _rgb_to_yuv420p(frame: np.ndarray) -> np.ndarray:
     """BT.601 limited-range RGB -> planar YUV 4:2:0 (``[H * 3 / 2, W]``), in numpy.
 
-    Done here rather than by FFmpeg's swscale because swscale picks SIMD or C paths by the
-    input buffer's memory alignment, and those round differently: the same frames then encode
-    to different bytes from run to run, which breaks the checker's determinism guarantee.
+    Done here rather than by FFmpeg's swscale: with swscale converting, identical frames
+    sometimes encoded to different bytes (about 1 check_env run in 10; decoded frames differed
+    by a few levels from the first P-frames on), most likely because its SIMD and C paths,
+    picked by buffer alignment, round differently. The checker promises byte-identical media.
     """
     rgb = frame.astype(np.float32)
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
