@@ -278,7 +278,6 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, *, title: str = "
     ax1.set_ylabel("success rate")
     ax1.set_ylim(-0.02, 1.02)
     ax1.grid(alpha=0.3)
-    ax1.legend(loc="lower right", fontsize=8)
     xs, ys = series("train", "rollout/reward_mean", "step")
     if xs:
         ax2.plot(xs, ys, ".-", label="training reward (mean)")
@@ -288,7 +287,11 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, *, title: str = "
     ax2.set_xlabel("RL step")
     ax2.set_ylabel("reward")
     ax2.grid(alpha=0.3)
-    ax2.legend(loc="lower right", fontsize=8)
+    for ax in (ax1, ax2):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="lower right", fontsize=8)
+        else:  # e.g. the RL panel of a warm-up-only run (relax-gym sft)
+            ax.text(0.5, 0.5, "no data yet", transform=ax.transAxes, ha="center", va="center", color="gray")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
