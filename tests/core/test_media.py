@@ -136,6 +136,27 @@ def test_video_round_trip_and_sampling() -> None:
     assert media.load_video(odd)[0].shape[1:3] == (32, 48)
 
 
+def test_encoded_videos_are_memoised_by_content(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, ...]] = []
+    real = media._encode_video
+
+    def counting(arr: np.ndarray, fps: float) -> bytes:
+        calls.append(arr.shape)
+        return real(arr, fps)
+
+    monkeypatch.setattr(media, "_encode_video", counting)
+    monkeypatch.setattr(media, "_ENCODED_VIDEOS", type(media._ENCODED_VIDEOS)())
+    monkeypatch.setattr(media, "_ENCODED_VIDEOS_MAX", 2)
+    a, b = _frames(), _frames()
+    b[:, :8, :8] = (255, 0, 0)  # a red corner
+    first = media.encode_video(a, 6.0)
+    assert media.encode_video(a.copy(), 6.0) is first and len(calls) == 1  # same content: no re-encode
+    assert media.encode_video(b, 6.0) != first and len(calls) == 2  # other content: encoded
+    assert media.encode_video(a, 5.0) != first and len(calls) == 3  # fps is part of the key
+    media.encode_video(a, 6.0)  # evicted by the bound of 2: encoded again
+    assert len(calls) == 4 and len(media._ENCODED_VIDEOS) == 2
+
+
 def test_sample_frame_indices() -> None:
     assert media.sample_frame_indices(0, 30.0) == []
     assert media.sample_frame_indices(10, 10.0, fps=5.0) == [0, 2, 4, 6, 8]
