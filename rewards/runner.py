@@ -98,6 +98,7 @@ class _DaemonWorkers:
         self.idle_exit_s = idle_exit_s
         self.live = 0
         self.idle = 0
+        self.pending = 0  # submitted jobs no worker has taken yet
         self.stuck = 0
         self._queue: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -109,7 +110,10 @@ class _DaemonWorkers:
                     "unavailable",
                     f"all {self.limit} reward threads are stuck in calls that ran past their timeouts",
                 )
-            if self.idle == 0 and self.live < self.limit:
+            # Start a thread while the waiting jobs outnumber the idle threads: comparing with
+            # idle alone let one idle thread take a whole burst, one job after the other.
+            self.pending += 1
+            if self.pending > self.idle and self.live < self.limit:
                 self.live += 1
                 threading.Thread(target=self._work, name="relax-reward", daemon=True).start()
         self._queue.put(job)
@@ -123,10 +127,13 @@ class _DaemonWorkers:
             except queue.Empty:
                 with self._lock:
                     self.idle -= 1
+                    if self.pending > self.idle:  # a job submitted just now counted on this thread
+                        continue
                     self.live -= 1
                 return
             with self._lock:
                 self.idle -= 1
+                self.pending -= 1
             job()
 
 

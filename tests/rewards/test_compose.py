@@ -161,7 +161,17 @@ def test_sync_and_async_timeouts_do_not_block(registered) -> None:
     assert metrics["reward/failed"] == 4.0 and metrics["reward/failure_rate"] == 1.0
 
 
-def test_sync_rewards_run_concurrently(registered) -> None:
+def test_sync_rewards_run_concurrently(registered, monkeypatch) -> None:
+    from relax_gym.rewards import runner
+
+    workers = runner._DaemonWorkers(limit=8)
+    monkeypatch.setattr(runner, "WORKERS", workers)
+    registered("t_quick", lambda s: 0.0)
+    RewardComposer(["t_quick"]).score_sync([sample()])  # leaves one idle thread, as a busy process would
+    deadline = time.monotonic() + 5
+    while workers.idle != 1 and time.monotonic() < deadline:  # it turns idle just after answering
+        time.sleep(0.01)
+    assert workers.idle == 1
     import threading
 
     lock = threading.Lock()
