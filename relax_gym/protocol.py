@@ -330,11 +330,16 @@ class EngineClient:
         api_key: str | None = None,
         timeout_s: float = 300.0,
         connect_timeout_s: float = 5.0,
+        control_timeout_s: float = 30.0,
         max_connections: int = 256,
         transport: Transport = "auto",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        # pause / continue / abort / flush / model info answer at once on a healthy engine; a
+        # short bound keeps one stuck control call (e.g. to an engine being removed) from
+        # holding a whole weight sync for the generate timeout
+        self.control_timeout_s = control_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.max_connections = max_connections
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -439,20 +444,21 @@ class EngineClient:
             return False
 
     async def model_info(self) -> ModelInfo:
-        return ModelInfo.model_validate(await self._request("GET", "/get_model_info"))
+        return ModelInfo.model_validate(await self._request("GET", "/get_model_info", timeout_s=self.control_timeout_s))
 
     async def flush_cache(self) -> None:
-        await self._request("POST", "/flush_cache")
+        await self._request("POST", "/flush_cache", timeout_s=self.control_timeout_s)
 
     async def abort(self, rid: str | None = None) -> None:
         """Abort one request, or every request when ``rid`` is None."""
-        await self._request("POST", "/abort_request", AbortRequest(rid=rid or "", abort_all=rid is None))
+        await self._request("POST", "/abort_request", AbortRequest(rid=rid or "", abort_all=rid is None),
+                            timeout_s=self.control_timeout_s)
 
     async def pause_generation(self, mode: Literal["abort", "retract", "in_place"] = "abort") -> None:
-        await self._request("POST", "/pause_generation", PauseGenerationRequest(mode=mode))
+        await self._request("POST", "/pause_generation", PauseGenerationRequest(mode=mode), timeout_s=self.control_timeout_s)
 
     async def continue_generation(self) -> None:
-        await self._request("POST", "/continue_generation", {})
+        await self._request("POST", "/continue_generation", {}, timeout_s=self.control_timeout_s)
 
     async def update_weights_from_disk(self, request: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
         out = UpdateWeightsResponse.model_validate(
