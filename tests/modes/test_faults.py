@@ -98,6 +98,16 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def _kill_leftovers(proc: subprocess.Popen[bytes], engine_pids: list[int]) -> None:
+    """Whatever a failed test left running: the trainer's process group and its engines."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    for pid in engine_pids:
+        if _alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+
 def test_trainer_killed_and_resumed_loses_and_repeats_no_sample(tiny_model: Path, tmp_path: Path) -> None:
     """SIGKILL the trainer process after its step-2 checkpoint, resume with --resume: the orphaned
     engine is stopped, and the ledger shows every sample trained once or accounted for."""
@@ -126,12 +136,7 @@ def test_trainer_killed_and_resumed_loses_and_repeats_no_sample(tiny_model: Path
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
         assert not any(_alive(pid) for pid in engine_pids)  # the orphan was stopped on resume
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        for pid in engine_pids:
-            if _alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_leftovers(proc, engine_pids)
     audit = audit_run(out, max_staleness=1)
     assert [r["step"] for r in audit.ledger] == [1, 2, 3, 4, 5, 6]
 
@@ -163,9 +168,4 @@ def test_sigterm_stops_an_async_run_and_its_engines(tiny_model: Path, tmp_path: 
             time.sleep(0.2)
         assert not any(_alive(pid) for pid in engine_pids), "engines left running"
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
-        for pid in engine_pids:
-            if _alive(pid):
-                os.killpg(pid, signal.SIGKILL)
+        _kill_leftovers(proc, engine_pids)

@@ -22,14 +22,12 @@ curve PNG. See ``docs/training.md``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import random
 import shutil
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -581,24 +579,9 @@ def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunS
             "(relax-gym train picks the runner from the mode)"
         )
 
-    async def main() -> RunSummary:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        try:
-            if task is not None:
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
-            pass
-        try:
-            return await Trainer(config, resume=resume, rl=rl).run()
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(signal.SIGTERM)
+    from relax_gym.trainer.interrupts import run_stoppable
 
-    try:
-        return asyncio.run(main())
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt("training stopped by a signal") from None
+    return run_stoppable(lambda: Trainer(config, resume=resume, rl=rl).run())
 
 
 __all__ = ["RunSummary", "Trainer", "config_hash", "make_backend", "prepare_model", "rl_optimizer_settings",

@@ -28,7 +28,6 @@ import contextlib
 import importlib
 import json
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -340,29 +339,13 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     the engines the run started are stopped, then :class:`KeyboardInterrupt` is raised; resume
     from the last checkpoint.
     """
-    if config.is_async:
+    if not config.is_async:
+        from relax_gym.trainer.loop import train as colocate_train
 
-        async def main() -> RunSummary:
-            task = asyncio.current_task()
-            loop = asyncio.get_running_loop()
-            try:
-                if task is not None:
-                    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
-                pass
-            try:
-                return await run_async(config, resume=resume)
-            finally:
-                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.remove_signal_handler(signal.SIGTERM)
+        return colocate_train(config, resume=resume)
+    from relax_gym.trainer.interrupts import run_stoppable
 
-        try:
-            return asyncio.run(main())
-        except asyncio.CancelledError:
-            raise KeyboardInterrupt("training stopped by a signal") from None
-    from relax_gym.trainer.loop import train as colocate_train
-
-    return colocate_train(config, resume=resume)
+    return run_stoppable(lambda: run_async(config, resume=resume))
 
 
 __all__ = ["AsyncRunner", "EmbeddedRuntime", "Roles", "Runtime", "import_modules", "needs_workers", "run_async",
