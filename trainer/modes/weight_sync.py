@@ -228,7 +228,7 @@ class WeightPublisher:
         self.events: dict[str, int] = {"publishes": 0, "retries": 0, "joins": 0}
 
     def _live(self) -> list[EngineHandle]:
-        return [h for h in self.router.engines if h.state in ("ready", "draining")]
+        return self.router.live()
 
     async def publish(self, version: int, named: list[tuple[str, torch.Tensor]] | None = None) -> dict[str, float]:
         """Make every live engine serve ``named`` (default: the backend's current weights; a CPU

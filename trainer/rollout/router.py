@@ -244,13 +244,18 @@ class EngineRouter:
         async with self._changed:
             self._changed.notify_all()
 
+    def live(self) -> list[EngineHandle]:
+        """Engines that serve (ready, or draining their bound sessions): the ones to pause, sync
+        and resume."""
+        return [h for h in self._engines.values() if h.serves_bound_sessions]
+
     async def live_engines(self, *, wait_s: float = 0.0) -> list[EngineHandle]:
         """Engines that can take new weights (ready or draining). With ``wait_s`` > 0 and none
         live, wait up to that long for the health loop to revive one, instead of failing a
         weight sync because the only engine missed a few health checks under load."""
         deadline = time.monotonic() + wait_s
         while True:
-            live = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+            live = self.live()
             left = deadline - time.monotonic()
             if live or left <= 0:
                 return live
@@ -418,7 +423,7 @@ class EngineRouter:
         version = str(weight_version)
         async with self._sync_lock:
             self.weights_path, self.weight_version = model_path, version
-            targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+            targets = self.live()
 
             async def one(handle: EngineHandle) -> None:
                 try:
@@ -441,7 +446,7 @@ class EngineRouter:
         """Stop handing out engines and pause every engine. With ``abort``, in-flight requests
         return now with ``finish_reason=abort`` and their partial tokens."""
         self._running.clear()
-        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        targets = self.live()
         results = await asyncio.gather(*(h.client.pause_generation(mode) for h in targets), return_exceptions=True)
         for handle, res in zip(targets, results, strict=True):
             if isinstance(res, EngineError):
@@ -449,7 +454,7 @@ class EngineRouter:
 
     async def resume(self) -> None:
         """Continue generation on every engine and let requests flow again."""
-        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        targets = self.live()
         results = await asyncio.gather(*(h.client.continue_generation() for h in targets), return_exceptions=True)
         for handle, res in zip(targets, results, strict=True):
             if isinstance(res, EngineError):
@@ -468,7 +473,7 @@ class EngineRouter:
 
     async def abort_all(self) -> None:
         """Abort every in-flight request on every engine (they return with ``finish_reason=abort``)."""
-        targets = [h for h in self._engines.values() if h.state in ("ready", "draining")]
+        targets = self.live()
         await asyncio.gather(*(h.client.abort(None) for h in targets), return_exceptions=True)
 
     # -- elastic scaling ----------------------------------------------------------------------------
