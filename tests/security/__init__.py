@@ -1,0 +1,1 @@
+"""Attacks from the red-team pass (issue 16), one file per boundary; see docs/security.md."""
