@@ -4,6 +4,11 @@ Inputs may be raw bytes, a file path, base64 text or a ``data:`` URL. Any failur
 file, the wrong kind of data, a video with no frames -- raises :class:`MediaError` naming the
 input and the cause, never a decoder's internal exception.
 
+Every loader checks :class:`MediaLimits` (encoded bytes, pixels, frames, duration, samples)
+from the headers *before* decoding, so a decompression bomb, a huge-dimension header, a clip
+with millions of frames or hours of audio is refused with a ``MediaError`` instead of
+exhausting memory. Pass ``limits=`` to widen or tighten them.
+
 Dependencies: images need only Pillow; WAV audio uses the standard library (``soundfile`` adds
 FLAC and more, ``soxr`` better resampling: the ``audio`` extra); video needs PyAV or decord
 (the ``video`` extra).
@@ -20,6 +25,7 @@ import os
 import threading
 import wave
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,24 +56,49 @@ def to_data_url(data: bytes, fmt: str) -> str:
     return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
-def read_source(src: Any, kind: str) -> bytes:
-    """Resolve any supported media input to bytes, or raise MediaError saying why not."""
+@dataclass(frozen=True)
+class MediaLimits:
+    """Ceilings every loader checks before (or while) decoding, so hostile input is refused
+    with a ``MediaError`` instead of exhausting memory or CPU. The defaults fit any observation
+    an environment renders; a server facing untrusted clients passes tighter ones."""
+
+    max_bytes: int = 256 << 20  # the encoded input (file, bytes, decoded base64), per item
+    max_image_pixels: int = 8192 * 8192  # width * height, read from the header
+    image_formats: tuple[str, ...] = ("PNG", "JPEG", "WEBP", "GIF", "BMP")  # Pillow names
+    max_audio_seconds: float = 600.0
+    max_audio_samples: int = 64_000_000  # frames * channels (256 MB as float32)
+    max_video_frames: int = 10_000  # frames in the stream, counted before decoding
+    max_video_seconds: float = 600.0
+    max_video_pixels: int = 4096 * 2160  # per frame
+    max_video_decoded_bytes: int = 1 << 30  # RGB bytes of the frames returned
+
+
+DEFAULT_LIMITS = MediaLimits()
+
+
+def read_source(src: Any, kind: str, *, max_bytes: int | None = None) -> bytes:
+    """Resolve any supported media input to bytes, or raise MediaError saying why not.
+
+    At most ``max_bytes`` (default :data:`DEFAULT_LIMITS`) are ever read or decoded: the size of
+    a base64 payload is known from its length and a file's from ``stat``, so an oversized input
+    is refused before it is copied. Only regular files are read (never ``/dev/zero``, FIFOs).
+    """
+    limit = DEFAULT_LIMITS.max_bytes if max_bytes is None else max_bytes
     where = describe_source(src)
     if isinstance(src, (bytes, bytearray, memoryview)):
+        _check_size(len(src), limit, kind, where)
         data = bytes(src)
     elif isinstance(src, os.PathLike) or (
         isinstance(src, str) and not src.startswith("data:") and len(src) < 4096 and os.path.exists(src)
     ):
-        try:
-            data = Path(src).read_bytes()
-        except OSError as exc:
-            raise MediaError(kind, where, f"cannot open file: {exc.strerror or exc}") from None
+        data = _read_file(Path(src), limit, kind, where)
     elif isinstance(src, str):
         payload = src
         if src.startswith("data:"):
             head, sep, payload = src.partition(",")
             if not sep or ";base64" not in head:
                 raise MediaError(kind, where, "data URL is not base64-encoded")
+        _check_size(len(payload) // 4 * 3, limit, kind, where)
         try:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
@@ -83,6 +114,25 @@ def read_source(src: Any, kind: str) -> bytes:
     return data
 
 
+def _check_size(size: int, limit: int, kind: str, where: str) -> None:
+    if size > limit:
+        raise MediaError(kind, where, f"input of {size} bytes exceeds the limit of {limit} bytes")
+
+
+def _read_file(path: Path, limit: int, kind: str, where: str) -> bytes:
+    """A regular file's bytes, refusing devices, FIFOs and files over ``limit`` before reading."""
+    try:
+        if not path.is_file():
+            raise MediaError(kind, where, "not a regular file")
+        _check_size(path.stat().st_size, limit, kind, where)
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)  # /proc files report size 0: bound the read itself
+    except OSError as exc:
+        raise MediaError(kind, where, f"cannot open file: {exc.strerror or exc}") from None
+    _check_size(len(data), limit, kind, where)
+    return data
+
+
 def _looks_like_path(s: str) -> bool:
     """Used only to word the error for a string that is neither a file nor base64."""
     return len(s) < 4096 and (os.sep in s or Path(s).suffix.lower() in {
@@ -94,22 +144,39 @@ def _looks_like_path(s: str) -> bool:
 # ------------------------------------------------------------------------------------------------
 # images
 # ------------------------------------------------------------------------------------------------
-def load_image(src: Any, *, mode: str | None = "RGB") -> Image.Image:
-    """Decode an image fully (so truncation is caught here) and convert it to ``mode``."""
+def load_image(src: Any, *, mode: str | None = "RGB", limits: MediaLimits | None = None) -> Image.Image:
+    """Decode an image fully (so truncation is caught here) and convert it to ``mode``.
+
+    The format and the pixel count come from the header and are checked before any pixel is
+    decoded: a 100 KB PNG that claims 50000 x 50000 pixels is refused without allocating them.
+    """
     if isinstance(src, Image.Image):
         return src.convert(mode) if mode and src.mode != mode else src
-    data = read_source(src, "image")
+    lim = limits or DEFAULT_LIMITS
+    data = read_source(src, "image", max_bytes=lim.max_bytes)
     where = describe_source(src)
     try:
-        img = Image.open(io.BytesIO(data))
+        img = Image.open(io.BytesIO(data), formats=list(lim.image_formats))
+        _check_pixels(img.width, img.height, lim.max_image_pixels, "image", where)
         img.load()
+    except MediaError:
+        raise
     except UnidentifiedImageError:
-        raise MediaError("image", where, "not a recognised image format") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise MediaError(
+            "image", where, f"not a recognised image format (accepted: {', '.join(lim.image_formats)})"
+        ) from None
+    except Image.DecompressionBombError as exc:
+        raise MediaError("image", where, f"too many pixels ({exc})") from None
+    except (OSError, SyntaxError, ValueError) as exc:
         raise MediaError("image", where, f"corrupt or truncated image ({exc})") from None
     if img.width == 0 or img.height == 0:
         raise MediaError("image", where, "image has zero width or height")
     return img.convert(mode) if mode and img.mode != mode else img
+
+
+def _check_pixels(width: int, height: int, limit: int, kind: str, where: str) -> None:
+    if width * height > limit:
+        raise MediaError(kind, where, f"{width} x {height} pixels exceed the limit of {limit} pixels")
 
 
 def encode_image(img: Image.Image, fmt: str = "PNG") -> bytes:
@@ -132,15 +199,22 @@ def image_to_base64(img: Image.Image, fmt: str = "PNG") -> str:
 # ------------------------------------------------------------------------------------------------
 # audio
 # ------------------------------------------------------------------------------------------------
-def load_audio(src: Any, *, sample_rate: int | None = None) -> tuple[np.ndarray, int]:
-    """Decode audio to a mono float32 waveform in [-1, 1]; resample if ``sample_rate`` is set."""
-    data = read_source(src, "audio")
+def load_audio(
+    src: Any, *, sample_rate: int | None = None, limits: MediaLimits | None = None
+) -> tuple[np.ndarray, int]:
+    """Decode audio to a mono float32 waveform in [-1, 1]; resample if ``sample_rate`` is set.
+
+    The duration and sample count declared by the header are checked before decoding, and the
+    decoder never reads past the limit (a streamed file may declare no length at all).
+    """
+    lim = limits or DEFAULT_LIMITS
+    data = read_source(src, "audio", max_bytes=lim.max_bytes)
     where = describe_source(src)
     _check_wav_truncation(data, where)
     try:
-        wave_arr, sr = _decode_audio_soundfile(data, where)
+        wave_arr, sr = _decode_audio_soundfile(data, where, lim)
     except ImportError:
-        wave_arr, sr = _decode_wav_stdlib(data, where)
+        wave_arr, sr = _decode_wav_stdlib(data, where, lim)
     if wave_arr.size == 0:
         raise MediaError("audio", where, "audio holds zero samples")
     if not np.all(np.isfinite(wave_arr)):
@@ -149,6 +223,23 @@ def load_audio(src: Any, *, sample_rate: int | None = None) -> tuple[np.ndarray,
         wave_arr = resample_audio(wave_arr, sr, sample_rate)
         sr = sample_rate
     return wave_arr, sr
+
+
+def _audio_frame_budget(sr: int, channels: int, lim: MediaLimits, where: str) -> int:
+    """Most frames (samples per channel) a clip with this header may hold under ``lim``."""
+    if sr <= 0 or channels <= 0:
+        raise MediaError("audio", where, f"invalid header: {sr} Hz, {channels} channel(s)")
+    return max(0, min(int(lim.max_audio_seconds * sr), lim.max_audio_samples // channels))
+
+
+def _check_audio_frames(frames: int, sr: int, budget: int, where: str) -> None:
+    if frames > budget:
+        raise MediaError(
+            "audio",
+            where,
+            f"{frames} frames at {sr} Hz ({frames / sr:.1f} s) exceed the limit of {budget} frames "
+            "(max_audio_seconds / max_audio_samples)",
+        )
 
 
 def _check_wav_truncation(data: bytes, where: str) -> None:
@@ -169,22 +260,28 @@ def _check_wav_truncation(data: bytes, where: str) -> None:
     raise MediaError("audio", where, "truncated or malformed WAV: no complete data chunk")
 
 
-def _decode_audio_soundfile(data: bytes, where: str) -> tuple[np.ndarray, int]:
+def _decode_audio_soundfile(data: bytes, where: str, lim: MediaLimits) -> tuple[np.ndarray, int]:
     import soundfile as sf  # optional: the `audio` extra
 
     try:
         info = sf.info(io.BytesIO(data))
-        arr, sr = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        budget = _audio_frame_budget(int(info.samplerate), int(info.channels), lim, where)
+        if 0 < info.frames < (1 << 62):  # libsndfile reports a huge count for unknown lengths
+            _check_audio_frames(int(info.frames), int(info.samplerate), budget, where)
+        arr, sr = sf.read(io.BytesIO(data), frames=budget + 1, dtype="float32", always_2d=True)
+    except MediaError:
+        raise
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as exc:
         raise MediaError("audio", where, f"not a readable audio file ({exc})") from None
-    if info.frames > 0 and arr.shape[0] < info.frames:
+    _check_audio_frames(arr.shape[0], int(sr), budget, where)
+    if 0 < info.frames < (1 << 62) and arr.shape[0] < info.frames:
         raise MediaError(
             "audio", where, f"truncated: header says {info.frames} frames, data holds {arr.shape[0]}"
         )
     return np.ascontiguousarray(arr.mean(axis=1), dtype=np.float32), int(sr)
 
 
-def _decode_wav_stdlib(data: bytes, where: str) -> tuple[np.ndarray, int]:
+def _decode_wav_stdlib(data: bytes, where: str, lim: MediaLimits) -> tuple[np.ndarray, int]:
     try:
         with wave.open(io.BytesIO(data), "rb") as wf:
             n_channels, width, sr, n_frames = (
@@ -193,7 +290,10 @@ def _decode_wav_stdlib(data: bytes, where: str) -> tuple[np.ndarray, int]:
                 wf.getframerate(),
                 wf.getnframes(),
             )
+            _check_audio_frames(n_frames, sr, _audio_frame_budget(sr, n_channels, lim, where), where)
             raw = wf.readframes(n_frames)
+    except MediaError:
+        raise
     except (wave.Error, EOFError, ValueError) as exc:
         raise MediaError(
             "audio", where, f"not a readable PCM WAV file ({exc}); install relax-gym[audio] for other formats"
@@ -296,42 +396,106 @@ def sample_frame_indices(
 
 
 def load_video(
-    src: Any, *, fps: float | None = None, max_frames: int | None = None
+    src: Any, *, fps: float | None = None, max_frames: int | None = None, limits: MediaLimits | None = None
 ) -> tuple[np.ndarray, float]:
     """Decode a video to uint8 ``[T, H, W, 3]`` frames, sampled down to ``fps`` and at most
-    ``max_frames``; returns the frames and their effective frame rate."""
-    data = read_source(src, "video")
+    ``max_frames``; returns the frames and their effective frame rate.
+
+    The frame count (packets, counted without decoding), duration and frame size are checked
+    against ``limits`` before any frame is decoded, and only the sampled frames are kept.
+    """
+    lim = limits or DEFAULT_LIMITS
+    data = read_source(src, "video", max_bytes=lim.max_bytes)
     where = describe_source(src)
-    frames, source_fps = _decode_video(data, where)
-    if frames.shape[0] == 0:
-        raise MediaError("video", where, "video holds zero frames")
-    idx = sample_frame_indices(frames.shape[0], source_fps, fps, max_frames)
-    kept = frames[idx]
-    duration = frames.shape[0] / source_fps if source_fps > 0 else float(len(idx))
-    eff_fps = len(idx) / duration if duration > 0 else source_fps
-    return np.ascontiguousarray(kept), float(eff_fps)
-
-
-def _decode_video(data: bytes, where: str) -> tuple[np.ndarray, float]:
     try:
-        import av
+        import av  # noqa: F401
     except ImportError:
-        av = None
-    if av is not None:
-        try:
-            with av.open(io.BytesIO(data), mode="r") as container:
-                if not container.streams.video:
-                    raise MediaError("video", where, "file has no video stream")
-                stream = container.streams.video[0]
-                rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
-                frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
-        except MediaError:
-            raise
-        except Exception as exc:  # PyAV raises many FFmpeg error subclasses
-            raise MediaError("video", where, f"corrupt or unsupported video ({type(exc).__name__}: {exc})") from None
-        if not frames:
-            raise MediaError("video", where, "video holds zero frames")
-        return np.stack(frames).astype(np.uint8), rate
+        return _load_video_decord(data, where, fps, max_frames, lim)
+    return _load_video_av(data, where, fps, max_frames, lim)
+
+
+@dataclass(frozen=True)
+class _VideoPlan:
+    """What a video header says, and which frames to keep."""
+
+    total: int
+    rate: float
+    indices: list[int]
+
+    @property
+    def effective_fps(self) -> float:
+        duration = self.total / self.rate if self.rate > 0 else float(len(self.indices))
+        return len(self.indices) / duration if duration > 0 else self.rate
+
+
+def _plan_video(
+    total: int, rate: float, width: int, height: int, fps: float | None, max_frames: int | None,
+    lim: MediaLimits, where: str,
+) -> _VideoPlan:
+    """Check the header against ``lim`` and pick the frames to keep; raises MediaError."""
+    if total <= 0:
+        raise MediaError("video", where, "video holds zero frames")
+    if total > lim.max_video_frames:
+        raise MediaError("video", where, f"{total} frames exceed the limit of {lim.max_video_frames}")
+    if rate > 0 and total / rate > lim.max_video_seconds:
+        raise MediaError(
+            "video", where, f"{total / rate:.1f} s exceed the limit of {lim.max_video_seconds:g} s"
+        )
+    _check_pixels(width, height, lim.max_video_pixels, "video", where)
+    indices = sample_frame_indices(total, rate, fps, max_frames)
+    decoded = len(indices) * width * height * 3
+    if decoded > lim.max_video_decoded_bytes:
+        raise MediaError(
+            "video",
+            where,
+            f"{len(indices)} frames of {width} x {height} would decode to {decoded} bytes, over the limit of "
+            f"{lim.max_video_decoded_bytes} (sample fewer frames with fps= or max_frames=)",
+        )
+    return _VideoPlan(total, rate, indices)
+
+
+def _load_video_av(
+    data: bytes, where: str, fps: float | None, max_frames: int | None, lim: MediaLimits
+) -> tuple[np.ndarray, float]:
+    import av
+
+    try:
+        with av.open(io.BytesIO(data), mode="r") as container:
+            if not container.streams.video:
+                raise MediaError("video", where, "file has no video stream")
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
+            total = sum(1 for packet in container.demux(stream) if packet.size > 0)  # no decoding
+            ctx = stream.codec_context
+            plan = _plan_video(total, rate, ctx.width, ctx.height, fps, max_frames, lim, where)
+            container.seek(0)
+            kept = _decode_selected(container.decode(stream), set(plan.indices), plan.total, lim, where)
+    except MediaError:
+        raise
+    except Exception as exc:  # PyAV raises many FFmpeg error subclasses
+        raise MediaError("video", where, f"corrupt or unsupported video ({type(exc).__name__}: {exc})") from None
+    if len(kept) < len(plan.indices):
+        raise MediaError(
+            "video", where, f"corrupt or truncated video: decoded {len(kept)} of the {len(plan.indices)} frames asked for"
+        )
+    return np.ascontiguousarray(np.stack(kept).astype(np.uint8)), float(plan.effective_fps)
+
+
+def _decode_selected(frames: Any, wanted: set[int], total: int, lim: MediaLimits, where: str) -> list[np.ndarray]:
+    """Keep the decoded frames whose index is wanted; never decode past ``total`` frames."""
+    kept: list[np.ndarray] = []
+    for i, frame in enumerate(frames):
+        if i >= total:
+            break
+        _check_pixels(frame.width, frame.height, lim.max_video_pixels, "video", where)
+        if i in wanted:
+            kept.append(frame.to_ndarray(format="rgb24"))
+    return kept
+
+
+def _load_video_decord(
+    data: bytes, where: str, fps: float | None, max_frames: int | None, lim: MediaLimits
+) -> tuple[np.ndarray, float]:
     try:
         import decord
     except ImportError:
@@ -340,15 +504,17 @@ def _decode_video(data: bytes, where: str) -> tuple[np.ndarray, float]:
         ) from None
     try:
         vr = decord.VideoReader(io.BytesIO(data))
-        n = len(vr)
-        if n == 0:
+        total = len(vr)
+        if total == 0:
             raise MediaError("video", where, "video holds zero frames")
-        arr = vr.get_batch(list(range(n))).asnumpy()
-        return arr.astype(np.uint8), float(vr.get_avg_fps() or 25.0)
+        height, width = vr[0].shape[:2]
+        plan = _plan_video(total, float(vr.get_avg_fps() or 25.0), width, height, fps, max_frames, lim, where)
+        arr = vr.get_batch(plan.indices).asnumpy()
     except MediaError:
         raise
     except Exception as exc:
         raise MediaError("video", where, f"corrupt or unsupported video ({exc})") from None
+    return np.ascontiguousarray(arr.astype(np.uint8)), float(plan.effective_fps)
 
 
 _ENCODED_VIDEOS: OrderedDict[bytes, bytes] = OrderedDict()

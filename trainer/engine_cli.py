@@ -12,6 +12,17 @@ import os
 import sys
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive, finite number of seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", metavar="ACTION")
 
@@ -51,8 +62,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="split <think> blocks into reasoning_content on /v1/chat/completions",
     )
+    lim = s.add_argument_group("input limits (each refused request gets 4xx; see docs/engine.md)")
+    lim.add_argument("--max-request-mb", type=int, default=64, help="request body cap, MiB (413 beyond)")
+    lim.add_argument("--max-weight-request-mb", type=int, default=1024, help="/update_weights_from_tensor body cap")
+    lim.add_argument("--max-buffered-mb", type=int, default=None, help="all bodies held at once (503 beyond)")
+    lim.add_argument("--body-timeout", type=float, default=300.0, help="seconds to receive a body (408 after)")
+    lim.add_argument("--max-prompt-chars", type=int, default=None, help="default: 32 x the context length")
+    lim.add_argument("--max-images", type=int, default=32, help="images per request")
+    lim.add_argument("--max-image-mb", type=int, default=16, help="encoded size per image, MiB")
+    lim.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="width x height per image")
+    lim.add_argument("--heavy-concurrency", type=int, default=2, help="large/image requests prepared at once")
+    lim.add_argument("--max-connections", type=int, default=4096, help="open connections (503 beyond)")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    s.add_argument(
+        "--weight-group-timeout",
+        type=_positive_seconds,
+        default=60.0,
+        help="seconds a weight-group rendezvous or broadcast may take before it fails (default 60)",
+    )
+    s.add_argument(
+        "--shutdown-grace",
+        type=_positive_seconds,
+        default=3.0,
+        help="on SIGTERM, seconds in-flight requests get before they are cancelled (default 3)",
+    )
 
     b = sub.add_parser("build-tiny", help="build a tiny random Qwen3 / Qwen3-VL model folder (no download)")
     b.add_argument("--kind", default="qwen3", choices=["qwen3", "qwen3-vl", "qwen3_vl"])
@@ -104,8 +138,20 @@ def run(args: argparse.Namespace) -> int:
                     allow_media_paths=args.allow_media_paths,
                     default_max_tokens=args.default_max_tokens,
                     reasoning_parser=args.reasoning_parser,
+                    max_request_bytes=args.max_request_mb << 20,
+                    max_weight_request_bytes=args.max_weight_request_mb << 20,
+                    max_buffered_bytes=None if args.max_buffered_mb is None else args.max_buffered_mb << 20,
+                    body_timeout_s=args.body_timeout,
+                    max_prompt_chars=args.max_prompt_chars,
+                    max_images=args.max_images,
+                    max_image_bytes=args.max_image_mb << 20,
+                    max_image_pixels=args.max_image_pixels,
+                    heavy_concurrency=args.heavy_concurrency,
+                    max_connections=args.max_connections,
                     dtype=args.dtype,
                     log_level=args.log_level,
+                    weight_group_timeout_s=args.weight_group_timeout,
+                    shutdown_grace_s=args.shutdown_grace,
                 )
             )
         )

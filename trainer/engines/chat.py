@@ -6,6 +6,12 @@ model's chat template, generated through the same engine as ``/generate``, and t
 ``top_logprobs`` follow OpenAI's shape. SGLang's extra request fields ``top_k``, ``min_p``,
 ``ignore_eos``, ``stop_token_ids``, ``skip_special_tokens``, ``chat_template_kwargs`` (e.g.
 ``{"enable_thinking": false}``) and ``separate_reasoning`` are honoured.
+
+Limits, each before the work it protects: the text of the messages and tools is measured in
+characters before the chat template renders it, the rendered prompt again before it is
+tokenised (in pieces that stop once past the context), the image count before any is decoded,
+and prompt plus ``max_tokens`` against the context (without ``max_tokens`` the default shrinks to
+what the context leaves).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from starlette.requests import Request
 
 from relax_gym.protocol import ChatCompletionRequest, GenerateRequest, SamplingParams
 
-from .prepare import BadRequest
+from .prepare import BadRequest, check_context, check_image_count, check_prompt_chars, tokenize_bounded
 from .server import EngineService, HTTPError
 from .tool_calls import parse_tool_calls, strip_tool_calls, to_openai
 
@@ -77,6 +83,26 @@ def normalize_messages(messages: list[dict[str, Any]], *, vision: bool) -> tuple
     return out, images
 
 
+def text_size(value: Any) -> int:
+    """Characters of every string in a JSON-like value, plus a few per container (what a chat
+    template can at least render from it); iterative, so deep nesting cannot overflow."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += 4
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            total += 2
+            stack.extend(item)
+        else:
+            total += 1
+    return total
+
+
 def _sampling(req: ChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
     extra = req.model_extra or {}
     max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
@@ -122,10 +148,12 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
     runner = service.runner
     extra = req.model_extra or {}
     messages, images = normalize_messages(req.messages, vision=runner.is_vision)
+    check_image_count(len(images), service.limits)
     tools = req.tools if req.tools and req.tool_choice != "none" else None
     template_kwargs = extra.get("chat_template_kwargs") or {}
     if not isinstance(template_kwargs, dict):
         raise BadRequest("chat_template_kwargs must be an object")
+    check_prompt_chars(text_size([messages, tools, template_kwargs]), runner, service.limits, "the conversation")
 
     def render() -> list[int]:
         try:
@@ -134,27 +162,40 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
             )
         except Exception as exc:
             raise BadRequest(f"cannot render the messages with the chat template: {exc}") from None
-        return list(runner.tokenizer(text, add_special_tokens=False)["input_ids"])
+        check_prompt_chars(len(text), runner, service.limits, "the rendered prompt")
+        return tokenize_bounded(runner.tokenizer, text, runner.max_context)
 
-    ids = await run_in_threadpool(render)
+    if getattr(request.state, "body_bytes", 0) > service.config.small_body_bytes:
+        async with service.heavy_lane():
+            ids = await run_in_threadpool(render)
+    else:
+        ids = await run_in_threadpool(render)
     try:
         sampling = _sampling(req, service.config.default_max_tokens)
     except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
         raise BadRequest(f"invalid sampling parameters: {exc}") from None
+    explicit = bool(req.max_completion_tokens or req.max_tokens)
+    probe = GenerateRequest(  # without max_tokens, only the prompt must fit until we know its length
+        input_ids=ids,
+        image_data=images or None,
+        sampling_params=sampling if explicit else sampling.model_copy(update={"max_new_tokens": 0}),
+    )
+    prepared = await service.prepare(probe, heavy=service.is_heavy(request, probe))
+    if not explicit:  # the default shrinks to what the context leaves after image expansion
+        room = runner.max_context - len(prepared.input_ids) - 1
+        sampling = sampling.model_copy(update={"max_new_tokens": max(1, min(sampling.max_new_tokens, room))})
+        check_context(len(prepared.input_ids), sampling.max_new_tokens, runner)
     top_n = int(req.top_logprobs or 0) if req.logprobs else 0
-    gen_reqs = []
-    for k in range(req.n):
-        params = sampling.model_copy(update={"sampling_seed": None if req.seed is None else req.seed + k})
-        gen_reqs.append(
-            GenerateRequest(
-                input_ids=ids,
-                image_data=images or None,
-                sampling_params=params,
-                return_logprob=bool(req.logprobs),
-                top_logprobs_num=top_n,
-            )
+    gen_reqs = [
+        GenerateRequest(
+            input_ids=ids,
+            image_data=images or None,
+            sampling_params=sampling.model_copy(update={"sampling_seed": None if req.seed is None else req.seed + k}),
+            return_logprob=bool(req.logprobs),
+            top_logprobs_num=top_n,
         )
-    prepared = await service.prepare(gen_reqs[0])
+        for k in range(req.n)
+    ]
     results = await asyncio.gather(*(service.submit(g, prepared, request) for g in gen_reqs))
 
     separate = bool(extra.get("separate_reasoning", service.config.reasoning_parser == "qwen3"))
@@ -206,4 +247,4 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
     }
 
 
-__all__ = ["chat_completions", "normalize_messages"]
+__all__ = ["chat_completions", "normalize_messages", "text_size"]

@@ -11,11 +11,15 @@ import logging
 import os
 import socket
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the sampler imports torch; this module must stay light until serve() runs
+    import uvicorn
+
     from .sampling import LogprobMode
 
 
@@ -40,8 +44,20 @@ class EmbeddedOptions:
     allow_media_paths: bool = False
     default_max_tokens: int = 512
     reasoning_parser: str | None = None
+    max_request_bytes: int = 64 << 20
+    max_weight_request_bytes: int = 1 << 30
+    max_buffered_bytes: int | None = None
+    body_timeout_s: float = 300.0
+    max_prompt_chars: int | None = None
+    max_images: int = 32
+    max_image_bytes: int = 16 << 20
+    max_image_pixels: int = 4096 * 4096
+    heavy_concurrency: int = 2
+    max_connections: int = 4096  # uvicorn answers 503 beyond this many
     dtype: str = "float32"
     log_level: str = "warning"
+    weight_group_timeout_s: float = 60.0  # rendezvous and each broadcast of the distributed weight path
+    shutdown_grace_s: float = 3.0  # SIGTERM: in-flight requests get this long, then are cancelled
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -51,6 +67,46 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
+
+
+def bound_shutdown(server: uvicorn.Server, grace_s: float) -> None:
+    """Make SIGTERM/SIGINT stop ``server`` within about ``grace_s`` seconds, whatever is in flight.
+
+    uvicorn waits for open requests before it exits, without limit by default: one request
+    waiting on a trainer that never comes (a weight-group rendezvous, a long generation) kept
+    the engine alive for minutes. Requests still running after ``grace_s`` are cancelled, and a
+    watchdog ends the process ``grace_s + 5`` seconds after the first signal in case anything
+    else (a thread stuck in C++, a blocking destructor) still holds it.
+    """
+    server.config.timeout_graceful_shutdown = max(0.0, grace_s)
+    handle_exit = server.handle_exit
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        arm_exit_watchdog(max(0.0, grace_s) + 5.0)
+        handle_exit(sig, frame)
+
+    server.handle_exit = on_signal  # type: ignore[method-assign]
+
+
+_watchdog_lock = threading.Lock()
+_watchdog: threading.Timer | None = None
+
+
+def arm_exit_watchdog(after_s: float) -> None:
+    """End the process ``after_s`` seconds from the first call, unless it exits before."""
+    global _watchdog
+    with _watchdog_lock:
+        if _watchdog is not None:
+            return
+        _watchdog = threading.Timer(after_s, _force_exit, args=(after_s,))
+        _watchdog.daemon = True
+        _watchdog.start()
+
+
+def _force_exit(after_s: float) -> None:
+    logging.getLogger("relax_gym.engine").error("shutdown took over %.0f s; exiting now", after_s)
+    logging.shutdown()
+    os._exit(1)
 
 
 def serve(opts: EmbeddedOptions) -> int:
@@ -64,6 +120,7 @@ def serve(opts: EmbeddedOptions) -> int:
     from .engine import EngineCore
     from .runner import ModelRunner
     from .server import EngineService, ServerConfig, build_app
+    from .weights import WeightReceiver
 
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.WARNING),
@@ -89,14 +146,31 @@ def serve(opts: EmbeddedOptions) -> int:
         allow_media_paths=opts.allow_media_paths,
         default_max_tokens=opts.default_max_tokens,
         reasoning_parser=opts.reasoning_parser,
+        max_request_bytes=opts.max_request_bytes,
+        max_weight_request_bytes=opts.max_weight_request_bytes,
+        max_buffered_bytes=opts.max_buffered_bytes,
+        body_timeout_s=opts.body_timeout_s,
+        max_prompt_chars=opts.max_prompt_chars,
+        max_images=opts.max_images,
+        max_image_bytes=opts.max_image_bytes,
+        max_image_pixels=opts.max_image_pixels,
+        heavy_concurrency=opts.heavy_concurrency,
     )
-    app = build_app(EngineService(engine, config))
+    app = build_app(EngineService(engine, config, WeightReceiver(opts.weight_group_timeout_s)))
     sock = bind_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     engine.start()
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level=opts.log_level, access_log=False, lifespan="off", timeout_keep_alive=30)
+        uvicorn.Config(
+            app,
+            log_level=opts.log_level,
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=30,
+            limit_concurrency=opts.max_connections,
+        )
     )
+    bound_shutdown(server, opts.shutdown_grace_s)
     if opts.port_file:
         tmp = f"{opts.port_file}.tmp"
         Path(tmp).write_text(str(port), encoding="utf-8")

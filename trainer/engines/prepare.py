@@ -4,11 +4,20 @@ Everything that can fail on user input happens here, before the request reaches 
 tokenising text, checking token ids against the vocabulary, decoding images, expanding image
 placeholders, checking the context length and the sampling parameters. Each failure is a
 :class:`BadRequest` with a message a user can act on (the server answers 400).
+
+Every check runs before the work it protects, because that work costs far more than the input:
+tokenising takes about 100 B of memory and a microsecond per character, decoding a 100 KB PNG
+can allocate gigabytes. So the raw JSON is checked first (:func:`check_raw_generate`: prompt
+length in characters, ``input_ids`` length, image count and size), text is tokenised in pieces
+that stop as soon as the count passes the context (:func:`tokenize_bounded`), images are refused
+from their headers (:class:`relax_gym.media.MediaLimits`), and finally prompt tokens plus
+``max_new_tokens`` are checked against the context length, as SGLang does.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +29,7 @@ from relax_gym.trainer.models.processing import (
 )
 
 from relax_gym.errors import MediaError, RelaxGymError
-from relax_gym.media import load_image
+from relax_gym.media import MediaLimits, load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
 
 from .runner import ModelRunner
@@ -42,10 +51,39 @@ UNSUPPORTED_SAMPLING: dict[str, Any] = {
 }
 
 
+# Stop conditions are checked on the engine thread after every token, for every request: a
+# request must not be able to make that check expensive for everyone else.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 512
+MAX_STOP_TOKEN_IDS = 1024
+_TOKENIZE_PIECE_CHARS = 32_768  # long texts are counted in pieces of this many characters
+
+
 class BadRequest(RelaxGymError, ValueError):
     """The request cannot be served as sent (HTTP 400)."""
 
     status = 400
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """Per-request ceilings, each checked before the expensive step it protects."""
+
+    max_prompt_chars: int | None = None  # None: chars_per_token * the model's context length
+    chars_per_token: int = 32  # no real prompt averages this many characters per token
+    max_images: int = 32
+    max_image_bytes: int = 16 << 20  # encoded (PNG/JPEG) bytes per image, after base64
+    max_image_pixels: int = 4096 * 4096  # width * height, read from the header before decoding
+    allow_media_paths: bool = False  # let image_data name local files
+
+    def prompt_chars(self, max_context: int) -> int:
+        """Most characters of prompt text accepted for tokenising."""
+        if self.max_prompt_chars is not None:
+            return self.max_prompt_chars
+        return max_context * self.chars_per_token
+
+    def media(self) -> MediaLimits:
+        return MediaLimits(max_bytes=self.max_image_bytes, max_image_pixels=self.max_image_pixels)
 
 
 @dataclass(slots=True)
@@ -71,6 +109,12 @@ def resolve_sampling(
         stops = (params.stop,) if params.stop else ()
     else:
         stops = tuple(s for s in params.stop if s)
+    if len(stops) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+        raise BadRequest(
+            f"sampling_params.stop: at most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} characters"
+        )
+    if len(params.stop_token_ids or []) > MAX_STOP_TOKEN_IDS:
+        raise BadRequest(f"sampling_params.stop_token_ids: at most {MAX_STOP_TOKEN_IDS} ids")
     stop_ids = frozenset(int(t) for t in (params.stop_token_ids or []))
     bad = [t for t in stop_ids if not 0 <= t < runner.vocab_size]
     if bad:
@@ -92,34 +136,132 @@ def resolve_sampling(
     )
 
 
-def decode_images(items: list[Any], *, allow_paths: bool) -> list[Image.Image]:
-    """Decode ``image_data`` entries: data URLs or bare base64 (local file paths only if allowed)."""
+def check_prompt_chars(n_chars: int, runner: ModelRunner, limits: InputLimits, what: str = "the prompt") -> None:
+    """Refuse text too long to fit the context before paying for tokenising it."""
+    most = limits.prompt_chars(runner.max_context)
+    if n_chars > most:
+        raise BadRequest(
+            f"{what} has {n_chars} characters; at most {most} are accepted "
+            f"(the model's context is {runner.max_context} tokens)"
+        )
+
+
+def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputLimits) -> None:
+    """Size checks on a ``/generate`` body as parsed JSON, before it is validated and copied."""
+    for key in ("audio_data", "video_data"):
+        if data.get(key):
+            raise BadRequest(f"{key} is not supported by the embedded engine")
+    text, ids = data.get("text"), data.get("input_ids")
+    if isinstance(text, str):
+        check_prompt_chars(len(text), runner, limits)
+    if isinstance(ids, list):
+        check_context(len(ids), 0, runner)
+    images = data.get("image_data")
+    if isinstance(images, list):
+        check_image_count(len(images), limits)
+        b64_chars = limits.max_image_bytes * 4 // 3 + 4096  # base64 plus a data-URL header
+        for k, item in enumerate(images):
+            if isinstance(item, str) and len(item) > b64_chars:
+                raise BadRequest(
+                    f"image_data[{k}]: {len(item)} characters of base64 exceed the limit of "
+                    f"{limits.max_image_bytes} bytes per image"
+                )
+
+
+def check_image_count(n: int, limits: InputLimits) -> None:
+    if n > limits.max_images:
+        raise BadRequest(f"{n} images in one request; at most {limits.max_images} are accepted")
+
+
+def check_context(prompt_tokens: int, max_new_tokens: int, runner: ModelRunner) -> None:
+    """SGLang's two context checks (same wording), done before the request is queued."""
+    context = runner.max_context
+    if prompt_tokens >= context:
+        raise BadRequest(
+            f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context} tokens)."
+        )
+    if prompt_tokens + max_new_tokens >= context:
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of {context} tokens. "
+            f"You requested a total of {prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from "
+            f"the input messages and {max_new_tokens} tokens for the completion. Please reduce the number "
+            "of tokens in the input messages or the completion to fit within the limit."
+        )
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    """Split ``text`` into pieces of about ``size`` characters, at whitespace where there is some."""
+    out, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            cut = max(text.rfind(" ", start + size // 2, end), text.rfind("\n", start + size // 2, end))
+            end = cut if cut > start else end
+        out.append(text[start:end])
+        start = end
+    return out
+
+
+def tokenize_bounded(tokenizer: Any, text: str, max_tokens: int) -> list[int]:
+    """Token ids of ``text``; a long text that clearly holds more than ``max_tokens`` tokens is
+    refused after counting only enough of it, in pieces, to know (so memory and time stay
+    bounded by the context length, not by the text)."""
+    if len(text) > _TOKENIZE_PIECE_CHARS:
+        counted, chars = 0, 0
+        for n, piece in enumerate(_pieces(text, _TOKENIZE_PIECE_CHARS), start=1):
+            counted += len(tokenizer(piece, add_special_tokens=False)["input_ids"])
+            chars += len(piece)
+            # Pieces split at whitespace tokenise almost exactly like the whole; the margin
+            # only keeps a borderline prompt for the exact count below.
+            if counted > max_tokens + max_tokens // 4 + 8 * n:
+                raise BadRequest(
+                    f"the prompt holds more than {counted} tokens (counted over its first {chars} "
+                    f"characters); the model's context is {max_tokens} tokens"
+                )
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+_URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+def decode_images(items: list[Any], *, limits: InputLimits) -> list[Image.Image]:
+    """Decode ``image_data`` entries: data URLs or bare base64 (local file paths only if allowed),
+    each within ``limits`` (encoded bytes, pixels from the header) before it is decoded."""
+    check_image_count(len(items), limits)
+    media_limits = limits.media()
     images = []
     for k, item in enumerate(items):
         if not isinstance(item, str) or not item:
             raise BadRequest(f"image_data[{k}]: expected a non-empty base64 string or data URL")
-        if item.startswith(("http://", "https://")):
+        if _URL.match(item):
             raise BadRequest(f"image_data[{k}]: URLs are not fetched by the embedded engine; send base64 or a data URL")
         if item.startswith("data:"):
             source = item
-        elif allow_paths and len(item) < 4096 and os.path.isfile(item):
+        elif limits.allow_media_paths and len(item) < 4096 and os.path.isfile(item):
             source = item
         else:  # bare base64: wrapped so the loader never reads it as a file path
             source = "data:application/octet-stream;base64," + item
         try:
-            images.append(load_image(source))
+            images.append(load_image(source, limits=media_limits))
         except MediaError as exc:
-            raise BadRequest(f"image_data[{k}]: {exc}") from None
+            if source is not item and exc.cause == "no such file":  # not base64, and looks like a path
+                raise BadRequest(
+                    f"image_data[{k}]: local file paths are not read by the embedded engine "
+                    "(--allow-media-paths); send base64 or a data URL"
+                ) from None
+            raise BadRequest(f"image_data[{k}]: {exc.cause}") from None
     return images
 
 
-def prepare_prompt(req: GenerateRequest, runner: ModelRunner, *, allow_media_paths: bool = False) -> PreparedPrompt:
+def prepare_prompt(req: GenerateRequest, runner: ModelRunner, limits: InputLimits | None = None) -> PreparedPrompt:
     """Token ids (and Qwen-VL image inputs) for a request; raises BadRequest."""
+    limits = limits or InputLimits()
     if req.audio_data:
         raise BadRequest("audio_data is not supported by the embedded engine")
     if req.video_data:
         raise BadRequest("video_data is not supported by the embedded engine")
     if req.input_ids is not None:
+        check_context(len(req.input_ids), 0, runner)
         ids = [int(t) for t in req.input_ids]
         bad = [t for t in ids if not 0 <= t < runner.vocab_size]
         if bad:
@@ -127,14 +269,15 @@ def prepare_prompt(req: GenerateRequest, runner: ModelRunner, *, allow_media_pat
                 f"input_ids hold {len(bad)} id(s) outside the vocabulary [0, {runner.vocab_size}): {bad[:5]}"
             )
     else:
-        ids = list(runner.tokenizer(req.text or "", add_special_tokens=False)["input_ids"])
+        check_prompt_chars(len(req.text or ""), runner, limits)
+        ids = tokenize_bounded(runner.tokenizer, req.text or "", runner.max_context)
     if not ids:
         raise BadRequest("the prompt is empty")
     vision = None
     if req.image_data:
         if not runner.is_vision:
             raise BadRequest("image_data was given but the served model has no vision encoder")
-        images = decode_images(list(req.image_data), allow_paths=allow_media_paths)
+        images = decode_images(list(req.image_data), limits=limits)
     else:
         images = []
     if runner.is_vision:
@@ -146,16 +289,23 @@ def prepare_prompt(req: GenerateRequest, runner: ModelRunner, *, allow_media_pat
         except (ValueError, OSError) as exc:
             raise BadRequest(f"image_data: cannot process the image(s): {exc}") from None
         ids = vision.input_ids
-    if len(ids) >= runner.max_context:
-        raise BadRequest(f"the prompt has {len(ids)} tokens; the model's context is {runner.max_context}")
+    check_context(len(ids), req.sampling_params.max_new_tokens, runner)
     return PreparedPrompt(input_ids=ids, vision=vision if vision is not None and vision.num_images else None)
 
 
 __all__ = [
+    "MAX_STOP_STRINGS",
+    "MAX_STOP_STRING_CHARS",
+    "MAX_STOP_TOKEN_IDS",
     "UNSUPPORTED_SAMPLING",
     "BadRequest",
+    "InputLimits",
     "PreparedPrompt",
+    "check_context",
+    "check_prompt_chars",
+    "check_raw_generate",
     "decode_images",
     "prepare_prompt",
     "resolve_sampling",
+    "tokenize_bounded",
 ]

@@ -23,6 +23,15 @@ Routes (bodies are the typed models of :mod:`relax_gym.protocol`, parsed with th
 With an API key, control routes need ``Authorization: Bearer <key>`` (401 otherwise); with
 ``protect_generation`` the generation and info routes need it too. Bad input gets a 4xx with
 ``{"error": {"message", "type", "code"}}`` and is counted; the engine keeps serving.
+
+Memory stays bounded whatever clients send. :class:`BodyLimitMiddleware` counts every body as
+it streams in (Content-Length or chunked alike) and answers 413 the moment it passes the route's
+limit, 503 when all bodies held at once would pass ``max_buffered_bytes``, 408 when one trickles
+in for longer than ``body_timeout_s``. Bodies over ``small_body_bytes`` and requests with images
+are parsed and prepared in a bounded "heavy" lane (``heavy_concurrency`` at a time, off the event
+loop), so oversized input waits its turn instead of starving small requests; the per-field
+checks (characters before tokenising, tokens against the context, image bytes and pixels before
+decoding) are in :mod:`.prepare`.
 """
 
 from __future__ import annotations
@@ -33,13 +42,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -54,10 +65,11 @@ from relax_gym.protocol import (
 )
 
 from .engine import EngineCore, make_sequence
-from .prepare import BadRequest, PreparedPrompt, prepare_prompt, resolve_sampling
+from .prepare import BadRequest, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
 from .runner import WeightUpdateError
 from .weights import (
     UpdateWeightsFromTensorRequest,
+    WeightGroupError,
     WeightReceiver,
     WeightTransportError,
     decode_named_tensors,
@@ -67,6 +79,14 @@ from .weights import (
 log = logging.getLogger("relax_gym.engine.server")
 
 Handler = Callable[[Request], Awaitable[Response]]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+WEIGHT_TENSOR_ROUTE = "/update_weights_from_tensor"
+MiB = 1 << 20
 
 
 @dataclass
@@ -79,11 +99,40 @@ class ServerConfig:
     protect_generation: bool = False  # also require the key on generation and info routes
     allow_media_paths: bool = False  # let image_data name local files (off: base64/data URLs only)
     max_queued_requests: int = 4096  # 503 beyond this many requests in flight
-    max_request_bytes: int = 1 << 30
+    max_request_bytes: int = 64 * MiB  # body of any route but the weight upload (413 beyond)
+    max_weight_request_bytes: int = 1024 * MiB  # body of /update_weights_from_tensor
+    max_buffered_bytes: int | None = None  # all bodies held at once (503 beyond); None: derived
+    small_body_bytes: int = 64 << 10  # bodies up to this size skip the heavy lane and the budget
+    heavy_concurrency: int = 2  # large or image requests parsed/prepared at once
+    body_timeout_s: float = 300.0  # a body still arriving after this long gets 408
+    max_prompt_chars: int | None = None  # None: prompt_chars_per_token * context length
+    prompt_chars_per_token: int = 32
+    max_images: int = 32  # per request
+    max_image_bytes: int = 16 * MiB  # encoded bytes per image
+    max_image_pixels: int = 4096 * 4096  # per image, from the header, before decoding
     default_max_tokens: int = 512  # chat completions without max_tokens
     max_new_tokens_cap: int | None = None
     reasoning_parser: str | None = None  # "qwen3": split <think> into reasoning_content
     disconnect_poll_s: float = 0.25
+
+    def input_limits(self) -> InputLimits:
+        return InputLimits(
+            max_prompt_chars=self.max_prompt_chars,
+            chars_per_token=self.prompt_chars_per_token,
+            max_images=self.max_images,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
+            allow_media_paths=self.allow_media_paths,
+        )
+
+    def body_limit(self, path: str) -> int:
+        return self.max_weight_request_bytes if path == WEIGHT_TENSOR_ROUTE else self.max_request_bytes
+
+    def buffered_limit(self) -> int:
+        """Room for one weight upload and eight maximal other bodies, unless set."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        return max(self.max_weight_request_bytes, self.max_request_bytes) + 8 * self.max_request_bytes
 
 
 class HTTPError(Exception):
@@ -100,15 +149,181 @@ def error_response(status: int, message: str, kind: str) -> JSONResponse:
     )
 
 
+def _decode(
+    body: bytes, model: type[BaseModel] | None, precheck: Callable[[dict[str, Any]], None] | None
+) -> Any:
+    """JSON body -> ``model`` (or the raw value when ``model`` is None); raises HTTPError 400."""
+    if not body:
+        data: Any = {}
+    else:
+        try:
+            data = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise HTTPError(400, f"malformed JSON body: {exc}") from None
+        except RecursionError:
+            raise HTTPError(400, "malformed JSON body: nested too deeply") from None
+    if model is None:
+        return data
+    if not isinstance(data, dict):
+        raise HTTPError(400, f"expected a JSON object, got {type(data).__name__}")
+    if precheck is not None:
+        precheck(data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<body>'}: {e['msg']}" for e in exc.errors()[:8])
+        raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
+    except RecursionError:
+        raise HTTPError(400, f"invalid {model.__name__}: nested too deeply") from None
+
+
+async def _send_error(send: Send, status: int, message: str, kind: str) -> None:
+    """An error reply sent straight from ASGI middleware (the connection is closed after it)."""
+    body = json.dumps({"object": "error", "error": {"message": message, "type": kind, "code": status}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class BodyStats:
+    """What :class:`BodyLimitMiddleware` refused, and what it holds now."""
+
+    buffered_bytes: int = 0
+    too_large: int = 0  # 413
+    over_budget: int = 0  # 503
+    too_slow: int = 0  # 408
+
+
+class BodyLimitMiddleware:
+    """Read each request body in full with a running byte count before the app sees it.
+
+    Why here and not in the routes: a chunked body has no Content-Length, so only counting the
+    ``http.request`` messages as they arrive bounds it. The 413 goes out the moment the count
+    passes the route's limit (or at once when Content-Length already says so), and the
+    connection is closed, so the rest is never read. Bytes past ``free_bytes`` of every body are
+    also charged to one shared budget for as long as the request runs, so many large bodies
+    at once get 503 instead of exhausting memory, while small requests are never refused.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limit_for: Callable[[str], int],
+        budget_bytes: int,
+        free_bytes: int,
+        timeout_s: float,
+        stats: BodyStats | None = None,
+    ) -> None:
+        self.app = app
+        self.limit_for = limit_for
+        self.budget_bytes = budget_bytes
+        self.free_bytes = free_bytes
+        self.timeout_s = timeout_s
+        self.stats = stats or BodyStats()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            self.stats.too_large += 1
+            await _send_error(send, 413, f"request body of {declared} bytes exceeds the limit of {limit}", "PayloadTooLarge")
+            return
+        held = [0]  # budget bytes this request holds (a list: _read_body adds to it)
+        try:
+            chunks = await self._read_body(scope, receive, send, limit, held)
+            if chunks is not None:
+                await self.app(scope, _replay(chunks, receive), send)
+        finally:
+            self.stats.buffered_bytes -= held[0]
+
+    async def _read_body(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, held: list[int]
+    ) -> list[bytes] | None:
+        """The body's chunks, or None once an error reply has been sent (or the client left)."""
+        chunks: list[bytes] = []
+        total = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # http.disconnect
+                        return None
+                    body = message.get("body", b"")
+                    total += len(body)
+                    if total > limit:
+                        self.stats.too_large += 1
+                        await _send_error(
+                            send, 413, f"request body exceeds the limit of {limit} bytes", "PayloadTooLarge"
+                        )
+                        return None
+                    if not self._charge(max(0, total - self.free_bytes) - held[0], held):
+                        self.stats.over_budget += 1
+                        await _send_error(
+                            send,
+                            503,
+                            f"the engine holds {self.stats.buffered_bytes} bytes of request bodies "
+                            f"(limit {self.budget_bytes}); retry later",
+                            "ServiceUnavailable",
+                        )
+                        return None
+                    if body:
+                        chunks.append(body)
+                    if not message.get("more_body", False):
+                        return chunks
+        except TimeoutError:
+            self.stats.too_slow += 1
+            await _send_error(
+                send, 408, f"request body not received within {self.timeout_s:g} s ({total} bytes came)", "RequestTimeout"
+            )
+            return None
+
+    def _charge(self, extra: int, held: list[int]) -> bool:
+        if extra <= 0:
+            return True
+        if self.stats.buffered_bytes + extra > self.budget_bytes:
+            return False
+        self.stats.buffered_bytes += extra
+        held[0] += extra
+        return True
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
+def _replay(chunks: list[bytes], receive: Receive) -> Receive:
+    """A receive() that yields the buffered body, then defers to the real one (disconnects)."""
+    pending = deque(chunks or [b""])
+
+    async def replay() -> Message:
+        if pending:
+            body = pending.popleft()
+            return {"type": "http.request", "body": body, "more_body": bool(pending)}
+        return await receive()
+
+    return replay
+
+
 class EngineService:
     """The HTTP-facing side of one :class:`EngineCore`: parse, prepare, submit, await."""
 
     def __init__(self, engine: EngineCore, config: ServerConfig, receiver: WeightReceiver | None = None) -> None:
         self.engine = engine
         self.config = config
+        self.limits = config.input_limits()
         self.receiver = receiver or WeightReceiver()
         self.in_flight = 0
         self.unauthorized = 0
+        self.bodies = BodyStats()
+        self._heavy = asyncio.Semaphore(max(1, config.heavy_concurrency))
 
     @property
     def runner(self) -> Any:
@@ -116,28 +331,34 @@ class EngineService:
 
     # -- helpers ------------------------------------------------------------------------------
     async def read_json(self, request: Request) -> Any:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.config.max_request_bytes:
-            raise HTTPError(
-                413, f"request body of {length} bytes exceeds {self.config.max_request_bytes}", "PayloadTooLarge"
-            )
-        body = await request.body()
-        if not body:
-            return {}
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HTTPError(400, f"malformed JSON body: {exc}") from None
+        """The parsed body (its size was capped by :class:`BodyLimitMiddleware`)."""
+        return await self.parse(request, None)
 
-    async def parse(self, request: Request, model: type[BaseModel]) -> Any:
-        data = await self.read_json(request)
-        if not isinstance(data, dict):
-            raise HTTPError(400, f"expected a JSON object, got {type(data).__name__}")
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<body>'}: {e['msg']}" for e in exc.errors()[:8])
-            raise HTTPError(400, f"invalid {model.__name__}: {problems}") from None
+    async def parse(
+        self,
+        request: Request,
+        model: type[BaseModel] | None,
+        precheck: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """Parse the body, run ``precheck`` on the raw object, then validate it as ``model``.
+
+        Large bodies do this in the heavy lane (a thread, ``heavy_concurrency`` at a time): a
+        64 MB JSON body takes a second of CPU and several times its size in memory to parse.
+        """
+        body = await request.body()
+        request.state.body_bytes = len(body)
+        if len(body) <= self.config.small_body_bytes:
+            return _decode(body, model, precheck)
+        async with self.heavy_lane():
+            return await run_in_threadpool(_decode, body, model, precheck)
+
+    def heavy_lane(self) -> asyncio.Semaphore:
+        """The slots for expensive parsing and preparation (``heavy_concurrency`` of them)."""
+        return self._heavy
+
+    def is_heavy(self, request: Request, req: GenerateRequest) -> bool:
+        """Whether preparing ``req`` may cost much: a large body or any image to decode."""
+        return bool(req.image_data) or getattr(request.state, "body_bytes", 0) > self.config.small_body_bytes
 
     def check_auth(self, request: Request) -> None:
         key = self.config.api_key
@@ -150,10 +371,12 @@ class EngineService:
             raise HTTPError(401, "missing or wrong API key (send Authorization: Bearer <key>)", "AuthenticationError")
 
     # -- generation ---------------------------------------------------------------------------
-    async def prepare(self, req: GenerateRequest) -> PreparedPrompt:
-        return await run_in_threadpool(
-            prepare_prompt, req, self.runner, allow_media_paths=self.config.allow_media_paths
-        )
+    async def prepare(self, req: GenerateRequest, *, heavy: bool = True) -> PreparedPrompt:
+        """Tokenise and decode off the event loop; heavy requests wait for a heavy-lane slot."""
+        if not heavy:
+            return await run_in_threadpool(prepare_prompt, req, self.runner, self.limits)
+        async with self.heavy_lane():
+            return await run_in_threadpool(prepare_prompt, req, self.runner, self.limits)
 
     async def submit(self, req: GenerateRequest, prepared: PreparedPrompt, request: Request | None) -> dict[str, Any]:
         """Run one prepared request through the engine and return SGLang's reply dict."""
@@ -208,8 +431,10 @@ class EngineService:
                 return await fut
 
     async def generate(self, request: Request) -> Response:
-        req = await self.parse(request, GenerateRequest)
-        prepared = await self.prepare(req)
+        req = await self.parse(
+            request, GenerateRequest, lambda data: check_raw_generate(data, self.runner, self.limits)
+        )
+        prepared = await self.prepare(req, heavy=self.is_heavy(request, req))
         return JSONResponse(await self.submit(req, prepared, request))
 
 
@@ -266,6 +491,12 @@ def build_app(service: EngineService) -> Starlette:
                 **engine.snapshot(),
                 "in_flight_http": service.in_flight,
                 "unauthorized_requests": service.unauthorized,
+                "request_bodies": {
+                    "buffered_bytes": service.bodies.buffered_bytes,
+                    "too_large": service.bodies.too_large,
+                    "over_budget": service.bodies.over_budget,
+                    "too_slow": service.bodies.too_slow,
+                },
                 "weight_update_groups": service.receiver.group_names,
                 "logprob_mode": engine.logprob_mode,
             }
@@ -353,29 +584,32 @@ def build_app(service: EngineService) -> Starlette:
 
     async def init_group(request: Request) -> Response:
         req = await service.parse(request, InitWeightsUpdateGroupRequest)
-        try:
-            await run_in_threadpool(service.receiver.init_group, req)
+        try:  # bounded by the receiver's timeout, off the event loop and the engine thread
+            await service.receiver.join(req)
         except WeightTransportError as exc:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
-        except (RuntimeError, OSError) as exc:  # rendezvous failed or timed out
-            return JSONResponse({"success": False, "message": f"joining the group failed: {exc}"}, status_code=500)
+        except WeightGroupError as exc:  # conflict, busy, or no rendezvous in time
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
         return JSONResponse({"success": True, "message": f"joined {req.group_name} as rank {req.rank_offset}"})
 
     async def update_distributed(request: Request) -> Response:
         req = await service.parse(request, UpdateWeightsFromDistributedRequest)
         validate_distributed_request(req)
-
-        def load() -> int:
-            return runner.load_named_tensors(service.receiver.receive(req))
-
-        return await _update(load, req.weight_version, req.abort_all_requests)
+        try:  # receive first, within the group timeout: the engine thread never waits on the network
+            named = await service.receiver.receive(req)
+        except WeightGroupError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
+        return await _update(lambda: runner.load_named_tensors(named), req.weight_version, req.abort_all_requests)
 
     async def destroy_group(request: Request) -> Response:
         data = await service.read_json(request)
         name = (
             (data or {}).get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
         )
-        ok = service.receiver.destroy_group(str(name))
+        try:
+            ok = service.receiver.destroy_group(str(name))
+        except WeightGroupError as exc:
+            return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
         return JSONResponse({"success": ok, "message": "destroyed" if ok else f"no group {name!r}"})
 
     def r(path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str], *, control: bool) -> Route:
@@ -398,7 +632,23 @@ def build_app(service: EngineService) -> Starlette:
         r("/update_weights_from_distributed", update_distributed, ["POST"], control=True),
         r("/destroy_weights_update_group", destroy_group, ["POST"], control=True),
     ]
-    return Starlette(routes=routes)
+    body_limit = Middleware(
+        BodyLimitMiddleware,
+        limit_for=cfg.body_limit,
+        budget_bytes=cfg.buffered_limit(),
+        free_bytes=cfg.small_body_bytes,
+        timeout_s=cfg.body_timeout_s,
+        stats=service.bodies,
+    )
+    return Starlette(routes=routes, middleware=[body_limit])
 
 
-__all__ = ["EngineService", "HTTPError", "ServerConfig", "build_app", "error_response"]
+__all__ = [
+    "BodyLimitMiddleware",
+    "BodyStats",
+    "EngineService",
+    "HTTPError",
+    "ServerConfig",
+    "build_app",
+    "error_response",
+]
