@@ -1,37 +1,42 @@
 """The process side of the python sandbox: zygote, supervisor, executor and runner
-(standard library only).
+(standard library, plus ``pyseccomp`` for the syscall filter where libseccomp is installed).
 
 The host (``pool.py``) starts this file once, as ``python -I _zygote.py --control-fd N``, with a
 minimal environment. The processes:
 
-* **zygote** -- one per pool. It probes which isolation the kernel allows, optionally imports
-  slow modules once (``--preload numpy``), freezes its heap for the garbage collector and forks
-  supervisors on request. Each new supervisor's socket goes to the host over the control
-  socket (``SCM_RIGHTS``); the zygote stays off the call path.
+* **zygote** -- one per pool. It probes which isolation the kernel allows, builds the seccomp
+  filter, optionally imports slow modules once (``--preload numpy``), freezes its heap for the
+  garbage collector and forks supervisors on request. Each new supervisor's socket goes to the
+  host over the control socket (``SCM_RIGHTS``); the zygote stays off the call path.
 * **supervisor** -- one per call (or stateful session), in a session of its own. It prepares
-  an executor *before* any request, then hands the runner's four pipes (request, status,
-  stdout, stderr) to the host and steps aside: the host drives the call, so a call costs two
-  process wake-ups (host -> runner -> host). The supervisor keeps a backstop deadline (it kills
-  the executor if the host overruns the call's timeout by ``BACKSTOP_MARGIN_S``), reports how
-  the executor ended, and kills, reaps and cleans up when the host lets go of the worker.
-* **executor** -- set up off the call path: a new network namespace (no interface is up, so
-  there is no network at all), a new mount namespace in which every mount is read-only and
+  an executor *before* any request, then hands four pipes (request, status, stdout, stderr)
+  to the host and steps aside: the host drives the call. The supervisor keeps a backstop
+  deadline (it kills the executor if the host overruns the call's timeout by
+  ``BACKSTOP_MARGIN_S``), reports how the executor ended, and kills, reaps and cleans up when
+  the host lets go of the worker.
+* **executor** (E) -- set up off the call path: a new network namespace (no interface is up,
+  so there is no network at all), a new mount namespace in which every mount is read-only and
   ``/tmp`` is a fresh size-limited tmpfs owned by the call's uid (the working directory, gone
   with the namespace), a private ``/proc``, and the interpreter's own directories bound back
   if they sit under a directory other users cannot enter (e.g. a pyenv under ``/root``). With
-  a PID namespace the executor is its init: it only reaps, and its death kills every process
-  the code started.
-* **runner** -- the executor's child (or the executor itself without a PID namespace). On the
-  request it applies rlimits, drops to the call's uid, clears the environment and ``exec``s the
-  code in a fresh ``__main__``; it reports ``done`` with the exit code on the status pipe.
+  a PID namespace E is its init, and its death kills every process the code started. E is the
+  only process of the call that holds the host's status pipe: it reports the runner's exit,
+  relays a session's per-call results after checking them, and never runs user code.
+* **runner** (R) -- E's child. It loads the seccomp filter, reads the host's request, applies
+  rlimits, drops to the call's uid, clears the environment and ``exec``s the code in a fresh
+  ``__main__``. Before the code runs it has closed every descriptor of the host's channel: a
+  one-shot call holds only stdin, stdout and stderr and ends by exiting; a session keeps one
+  pipe each way to E, whose records E checks (size, schema, sequence) before telling the host.
 
 Where the kernel refuses namespaces (or ``isolation="rlimits"`` is asked for), the executor runs
-in a fresh temporary directory on the host's disk, in its own process group, with the same
-rlimits and uid drop (when we are root); killing targets the process group and, as the call's
-uid, every process that escaped it. docs/tools.md says what that mode does not enforce.
+in a fresh temporary directory on the host's disk, leading its own process group, with the same
+rlimits, seccomp filter and uid drop (when we are root); killing targets the process group and,
+as the call's uid, every process that escaped it. docs/tools.md says what that mode does not
+enforce.
 
-Messages are length-prefixed JSON on pipes; over the SEQPACKET sockets each datagram is one
-such message, optionally carrying file descriptors.
+Messages are length-prefixed JSON on pipes (a session's result records: one JSON line); over
+the SEQPACKET sockets each datagram is one such message, optionally carrying file descriptors.
+Every reader bounds what it buffers and checks what it parses.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 # ------------------------------------------------------------------------------------------------
 # framing (also imported by the host side)
@@ -86,11 +91,15 @@ def _read_fd_exact(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _read_fd_message(fd: int) -> Any | None:
+def _read_fd_message(fd: int, limit: int = MAX_MESSAGE_BYTES) -> Any | None:
+    """One message from a trusted writer (the host, or E relaying it); None at EOF or when the
+    announced size is over ``limit``."""
     head = _read_fd_exact(fd, _HEADER.size)
     if head is None:
         return None
     (size,) = _HEADER.unpack(head)
+    if size > limit:
+        return None
     body = _read_fd_exact(fd, size)
     return None if body is None else json.loads(body.decode("utf-8"))
 
@@ -104,7 +113,15 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWTIME = 0x00000080
+NAMESPACE_FLAGS = (CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWUSER,
+                   CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWTIME)
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 _libc: Any = None
 
 
@@ -177,9 +194,11 @@ def _probe_filesystem() -> None:
 
 
 def probe_capabilities(isolation: str) -> dict[str, Any]:
-    """Which protections this kernel and user allow, after the requested isolation level."""
+    """Which protections this kernel and user allow, after the requested isolation level.
+    (The seccomp filter is not a namespace: every mode gets it where libseccomp works.)"""
     root = os.geteuid() == 0
-    caps = {"network": False, "filesystem": False, "pid": False, "uid": root, "root": root}
+    caps = {"network": False, "filesystem": False, "pid": False, "uid": root, "root": root,
+            "seccomp": _probe_seccomp()}
     if isolation == "rlimits":
         return caps
     caps["network"] = _probe_in_child(lambda: unshare(CLONE_NEWNET | CLONE_NEWIPC))
@@ -197,6 +216,65 @@ def probe_capabilities(isolation: str) -> dict[str, Any]:
     # the PID namespace is only useful with a private /proc, i.e. with the mount namespace
     caps["pid"] = caps["filesystem"] and _probe_in_child(pid_probe)
     return caps
+
+
+# ------------------------------------------------------------------------------------------------
+# seccomp: what the code may not ask of the kernel
+# ------------------------------------------------------------------------------------------------
+# Denied with EPERM, by family:
+# * namespaces -- a user namespace gives an unprivileged process every capability inside it
+#   (mounts, raw sockets, its own network stack: the kernel's widest attack surface), and no
+#   other namespace has a use in the sandbox either. clone and unshare are refused when they
+#   carry any CLONE_NEW* flag, setns always. clone3 keeps its flags in memory a filter cannot
+#   read, so it fails with ENOSYS and the C library falls back to clone.
+# * memory that RLIMIT_AS does not count -- SysV shared memory, message queues and semaphore
+#   sets (they outlive every process that maps them) and memfd_create (an unmapped memfd).
+# * kernel interfaces no sandboxed program needs and exploits favour: keyrings (not
+#   namespaced), bpf, userfaultfd, perf_event_open, io_uring.
+# A system call through another ABI (i386 ``int 0x80``, x32) kills the process: the filter
+# is written for the native one. The filter is loaded with no_new_privs, so set-uid programs
+# (newuidmap, su) cannot regain privileges either.
+DENIED_SYSCALLS = (
+    "setns", "shmget", "msgget", "semget", "memfd_create", "memfd_secret",
+    "keyctl", "add_key", "request_key", "bpf", "userfaultfd", "perf_event_open",
+    "io_uring_setup", "io_uring_enter", "io_uring_register",
+)  # fmt: skip
+_SECCOMP: Any = None  # the zygote's filter, loaded by every runner before it takes a request
+
+
+def build_seccomp_filter() -> Any:
+    """The runner's syscall filter (a ``pyseccomp.SyscallFilter``, not yet loaded)."""
+    import pyseccomp as sc
+
+    flt = sc.SyscallFilter(sc.ALLOW)
+    flt.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
+    for call in ("unshare", "clone"):  # the flags are argument 0 of both (x86_64, arm64)
+        for flag in NAMESPACE_FLAGS:
+            flt.add_rule(sc.ERRNO(errno.EPERM), call, sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    flt.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
+    for name in DENIED_SYSCALLS:
+        try:
+            flt.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (OSError, ValueError):
+            pass  # unknown to this architecture or libseccomp: nothing to deny
+    return flt
+
+
+def _probe_seccomp() -> bool:
+    """Whether the filter loads and really refuses a user namespace (checked in a child)."""
+    if _SECCOMP is None:
+        return False
+
+    def check() -> None:
+        _SECCOMP.load()
+        try:
+            unshare(CLONE_NEWUSER)
+        except OSError as exc:
+            if exc.errno == errno.EPERM:
+                return
+        raise OSError("unshare(CLONE_NEWUSER) was not refused under the filter")
+
+    return _probe_in_child(check)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -297,9 +375,31 @@ class HeadTail:
 
 
 # ------------------------------------------------------------------------------------------------
-# executor: runs the user's code
+# executor and runner: run the user's code
 # ------------------------------------------------------------------------------------------------
-_FD_REQ, _FD_STATUS = 3, 4
+# Descriptor numbers inside the executor (E) and the runner (R). Only R runs user code, and it
+# closes every descriptor of the host's channel before it does (see _runner_main).
+_FD_REQ = 3        # host -> R: the first request (R reads it, then closes it)
+_FD_STATUS = 4     # E -> host: done / exit / fault (R writes "setup" on it, then closes it)
+_FD_CALL_IN = 5    # E -> R: the later requests of a session (R's end)
+_FD_CALL_OUT = 6   # R -> E: one result record per session call (R's end)
+_FD_FORWARD = 7    # E's end of _FD_CALL_IN
+_FD_RESULTS = 8    # E's end of _FD_CALL_OUT
+
+MAX_REQUEST_BYTES = 16 * 1024 * 1024  # the largest request (code and limits) the host sends
+RESULT_RECORD_MAX = 256               # a session result record, newline included
+# What a result record may say about a call, besides its exit code: each is something the
+# code can cause anyway (raise MemoryError, ...), so a forged record gains nothing.
+RESULT_REASONS = ("memory_limit", "process_limit", "file_size_limit", "open_files_limit", "limits_failed")
+# A one-shot runner holds no channel at all while the code runs: it ends the call by exiting,
+# and reports a classified exception by dying of one of these real-time signals (E relays the
+# wait status; the host maps them back to exit code 1 and the reason).
+REASON_SIGNALS = {
+    "memory_limit": signal.SIGRTMAX,
+    "process_limit": signal.SIGRTMAX - 1,
+    "file_size_limit": signal.SIGRTMAX - 2,
+    "open_files_limit": signal.SIGRTMAX - 3,
+}
 
 
 def _exec_env(workdir: str) -> dict[str, str]:
@@ -336,6 +436,14 @@ def fcntl_dupfd(fd: int, lowest: int) -> int:
 def _max_fd() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return soft if 0 < soft < 1 << 20 else 65536
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _setup_executor(caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> str:
@@ -380,6 +488,7 @@ def _apply_limits(req: dict[str, Any], uid: int | None, session_cpu_s: int | Non
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(lim["max_open_files"]),) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))  # POSIX message queues live outside RLIMIT_AS
     nproc = int(lim["max_processes"])
     if uid is None:
         # Without a uid of its own the call shares RLIMIT_NPROC with every process of this user.
@@ -470,37 +579,78 @@ def _reset_signals() -> None:
 
 
 def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> None:
-    """The executor; never returns.
+    """The executor (E); never returns.
 
-    With a PID namespace it is the namespace's init: it forks the *runner* that executes the
-    code and only reaps processes, so the code runs with ordinary signal semantics (the kernel
-    shields an init from signals it has no handler for -- SIGXCPU included) and its orphans do
-    not pile up as zombies. Without one, the executor is the runner itself."""
+    E sets up the call's isolation, forks the *runner* (R) that executes the code, and from
+    then on is the only process of the call that holds the host's status pipe. R reports to E
+    over a channel of its own, which E reads with a size bound and a strict schema; the host
+    only ever hears what E says. With a PID namespace E is the namespace's init: it also reaps
+    every orphan, and its exit kills whatever the code left. Without one, E leads the process
+    group the host kills and is the subreaper of the code's orphans."""
+    status_fd = fds["status"]
     try:
         set_parent_death_signal()
         _reset_signals()
         workdir = _setup_executor(caps, uid, tmpfs_mb)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        _place_fds({0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"]})
+        call_in_r, call_in_w = os.pipe()
+        call_out_r, call_out_w = os.pipe()
+        _place_fds({
+            0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"],
+            _FD_CALL_IN: call_in_r, _FD_CALL_OUT: call_out_w, _FD_FORWARD: call_in_w, _FD_RESULTS: call_out_r,
+        })  # fmt: skip
+        status_fd = _FD_STATUS
+        if not caps["pid"]:
+            os.setsid()  # the group the host kills: E, R and whatever stays in it
+            _c().prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0)
+        wake = _watch_children()
+        runner = os.fork()
+        if runner == 0:
+            _close(_FD_FORWARD, _FD_RESULTS, *wake)
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _runner_main(workdir, uid, caps)
+        _close(0, 1, 2, _FD_CALL_IN, _FD_CALL_OUT)  # the pipes reach EOF once R and its children are gone
+    except BaseException as exc:
+        try:
+            _write_fd_message(status_fd, {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(70)
+    _Relay(runner, wake[0], caps).serve()
+
+
+def _watch_children() -> tuple[int, int]:
+    """A pipe that becomes readable on SIGCHLD, so E can select() on children, R's results and
+    the host's requests at once."""
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    return wake_r, wake_w
+
+
+def _runner_main(workdir: str, uid: int | None, caps: dict[str, Any]) -> None:
+    """R: prepare off the call path, announce readiness, then serve the call (or session)."""
+    try:
+        set_parent_death_signal()
         if caps["pid"]:
-            runner = os.fork()
-            if runner != 0:
-                _init_loop(runner)
-            set_parent_death_signal()
-        # A session of its own gives the code a process group to kill and a fresh scheduler
-        # autogroup; on a busy machine the latter is what lets the runner wake up promptly.
-        os.setsid()
+            # A session of its own gives the code a fresh scheduler autogroup; on a busy machine
+            # that is what lets the runner wake up promptly. (Without a PID namespace E made the
+            # session, whose process group the host kills.)
+            os.setsid()
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr  # type: ignore[misc]
         _warm_up()
+        if _SECCOMP is not None and caps.get("seccomp"):
+            _SECCOMP.load()  # inherited by everything the code starts; sets no_new_privs
         _write_fd_message(_FD_STATUS, {"type": "setup", "workdir": workdir})
     except BaseException as exc:
         try:
-            _write_fd_message(fds["status"], {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
+            _write_fd_message(_FD_STATUS, {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
         finally:
             os._exit(70)
+    os.close(_FD_STATUS)
     _runner_loop(workdir, uid)
 
 
@@ -516,62 +666,246 @@ def _warm_up() -> None:
         exec(compile("print(sum(range(3)))\n", "<warm-up>", "exec"), {"__builtins__": builtins})
     finally:
         sys.stdout = saved
-    encode_message({"type": "done", "exit_code": 0, "reason": None})
+    encode_result(1, 0, None)
 
 
-def _init_loop(runner: int) -> None:
-    """PID 1 of the call's namespace: reap every process; when the runner ends, report how and
-    exit -- which makes the kernel kill whatever is left in the namespace."""
-    for fd in (0, 1, 2, _FD_REQ):
-        os.close(fd)  # the pipes reach EOF as soon as the runner and its children are gone
-    while True:
+def encode_result(seq: int, exit_code: int, reason: str | None) -> bytes:
+    """A session result record: one JSON line, R -> E."""
+    return json.dumps({"seq": seq, "exit_code": exit_code, "reason": reason}).encode("ascii") + b"\n"
+
+
+def _send_result(seq: int, exit_code: int, reason: str | None) -> None:
+    data = encode_result(seq, exit_code, reason)
+    while data:
+        data = data[os.write(_FD_CALL_OUT, data) :]
+
+
+def _exit_as(exit_code: int, reason: str | None) -> None:
+    """End a one-shot call: exit with the code's status, or die of the reason's signal."""
+    sig = REASON_SIGNALS.get(reason or "")
+    if sig is not None:
         try:
-            pid, status, usage = os.wait4(-1, 0)
-        except ChildProcessError:
-            os._exit(0)
-        except InterruptedError:
-            continue
-        if pid == runner:
-            try:
-                cpu = usage.ru_utime + usage.ru_stime
-                _write_fd_message(_FD_STATUS, {"type": "exit", "status": status, "cpu_s": cpu})
-            finally:
-                os._exit(0)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        except BaseException:
+            pass
+    os._exit(exit_code)
 
 
 def _runner_loop(workdir: str, uid: int | None) -> None:
-    """Serve requests until a one-shot call is done (then exit with the code's status) or the
-    request pipe closes."""
+    """Serve the first request (from the host), then -- in a session -- those E forwards.
+
+    Before any user code runs, R closes the host's request pipe; a one-shot call also closes
+    its channel to E, so the code holds nothing but stdin, stdout and stderr, and the call ends
+    when R exits. A session keeps the two pipes to E (never the host's): what the code may
+    write on them is checked by E, and only ends its own session."""
     import builtins
     import types
 
     main_module = types.ModuleType("__main__")
     main_module.__dict__["__builtins__"] = builtins
-    first = True
+    req = _read_fd_message(_FD_REQ)
+    os.close(_FD_REQ)
+    if not isinstance(req, dict):
+        os._exit(0)
+    session = bool(req.get("session"))
+    seq = req.get("seq", 1)
+    try:
+        os.environ.clear()
+        os.environ.update(_exec_env(workdir))
+        os.chdir(workdir)
+        _apply_limits(req, uid, req.get("session_cpu_s") if session else None)
+        sys.modules["__main__"] = main_module
+        sys.argv = ["<sandbox>"]
+    except BaseException as exc:
+        print(f"sandbox: the limits could not be applied: {exc}", file=sys.stderr, flush=True)
+        _send_result(seq, 70, "limits_failed")
+        os._exit(70)
+    if not session:
+        _close(_FD_CALL_IN, _FD_CALL_OUT)
+        code, reason = _run_user_code(req["code"], main_module.__dict__)
+        _flush_std()
+        _exit_as(code, reason)
     while True:
-        req = _read_fd_message(_FD_REQ)
-        if req is None:
-            os._exit(0)
-        session = bool(req.get("session"))
         try:
-            if first:
-                os.environ.clear()
-                os.environ.update(_exec_env(workdir))
-                os.chdir(workdir)
-                _apply_limits(req, uid, req.get("session_cpu_s") if session else None)
-                sys.modules["__main__"] = main_module
-                sys.argv = ["<sandbox>"]
-                first = False
-            if session:
-                _set_call_cpu(float(req["limits"]["timeout_s"]))
-        except BaseException as exc:
-            _write_fd_message(_FD_STATUS, {"type": "done", "exit_code": 70, "reason": f"sandbox_error: {exc}"})
+            _set_call_cpu(float(req["limits"]["timeout_s"]))
+        except BaseException:
+            _send_result(seq, 70, "limits_failed")
             os._exit(70)
         code, reason = _run_user_code(req["code"], main_module.__dict__)
         _flush_std()
-        _write_fd_message(_FD_STATUS, {"type": "done", "exit_code": code, "reason": reason})
-        if not session:
-            os._exit(code)
+        _send_result(seq, code, reason)
+        req = _read_fd_message(_FD_CALL_IN)
+        if not isinstance(req, dict):
+            os._exit(0)
+        seq = req.get("seq")
+
+
+class _Relay:
+    """E's event loop: reap children, check R's result records, forward the host's later
+    session requests to R, and tell the host what happened -- in messages E writes itself.
+
+    Anything R sends that is not exactly one well-formed record for the call in flight (too
+    long, not JSON, wrong fields, wrong sequence number, unasked for) is a *fault*: E reports
+    it, kills the call and exits. E never blocks on R: R's pipe to E is read in bounded chunks
+    and E writes to R without blocking."""
+
+    def __init__(self, runner: int, wake_fd: int, caps: dict[str, Any]) -> None:
+        self.runner = runner
+        self.runner_alive = True
+        self.wake_fd = wake_fd
+        self.caps = caps
+        self.expect: int | None = 1  # seq of the call whose result may come (the first: R reads it itself)
+        self.relaying = False  # a session: E reads the host's requests after the first result
+        self.results = bytearray()
+        self.results_open = True
+        self.incoming = bytearray()
+        self.outgoing = b""
+        os.set_blocking(_FD_FORWARD, False)
+
+    def serve(self) -> NoReturn:
+        while True:
+            rlist = [self.wake_fd] + ([_FD_RESULTS] if self.results_open else [])
+            if self.relaying and self.expect is None:
+                rlist.append(_FD_REQ)
+            wlist = [_FD_FORWARD] if self.outgoing else []
+            readable, writable, _ = select.select(rlist, wlist, [])
+            if self.wake_fd in readable:
+                _drain_nonblocking(self.wake_fd)
+            if _FD_RESULTS in readable:
+                self._read_results()
+            if _FD_REQ in readable:
+                self._read_request()
+            if _FD_FORWARD in writable:
+                self._forward()
+            self._reap()  # after reading: a result R sent just before exiting is relayed first
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            if pid == self.runner:
+                self.runner_alive = False  # reaped: its pid may be reused, never signal it again
+                cpu = usage.ru_utime + usage.ru_stime
+                self._finish({"type": "exit", "status": status, "cpu_s": cpu})
+
+    def _read_results(self) -> None:
+        try:
+            data = os.read(_FD_RESULTS, RESULT_RECORD_MAX)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            # A one-shot runner closes it before running the code; in a session R is exiting
+            # (reaped next) or the code closed it (then the call runs into its timeout).
+            self.results_open = False
+            return
+        self.results += data
+        while b"\n" in self.results:
+            line, _, rest = bytes(self.results).partition(b"\n")
+            self.results = bytearray(rest)
+            self._take_result(line)
+        if len(self.results) >= RESULT_RECORD_MAX:
+            self._fault("the sandboxed program wrote an oversized result record")
+
+    def _take_result(self, line: bytes) -> None:
+        record = parse_result(line)
+        if record is None:
+            self._fault("the sandboxed program wrote a malformed result record")
+        seq, exit_code, reason = record
+        if self.expect is None:
+            self._fault("the sandboxed program wrote a result record while no call was running")
+        if seq != self.expect:
+            self._fault(f"the sandboxed program wrote a result record for call {seq}, not {self.expect}")
+        self.expect = None
+        self.relaying = True
+        _write_fd_message(_FD_STATUS, {"type": "done", "seq": seq, "exit_code": exit_code, "reason": reason})
+
+    def _read_request(self) -> None:
+        try:
+            data = os.read(_FD_REQ, 1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        if not data:
+            self._finish(None)  # the host let go of the session
+        self.incoming += data
+        if len(self.incoming) < _HEADER.size:
+            return
+        (size,) = _HEADER.unpack(self.incoming[: _HEADER.size])
+        if size > MAX_REQUEST_BYTES:
+            self._fault(f"a request of {size} bytes is over the sandbox's {MAX_REQUEST_BYTES}")
+        end = _HEADER.size + size
+        if len(self.incoming) < end:
+            return
+        frame = bytes(self.incoming[:end])
+        del self.incoming[:end]
+        try:
+            seq = json.loads(frame[_HEADER.size :].decode("utf-8"))["seq"]
+        except (ValueError, KeyError, TypeError):
+            self._fault("the host sent a request without a sequence number")
+        self.expect = int(seq)
+        self.outgoing = frame
+        self._forward()
+
+    def _forward(self) -> None:
+        try:
+            n = os.write(_FD_FORWARD, self.outgoing)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # R is exiting, or the code closed its end: the call times out
+            self.outgoing = b""
+            return
+        self.outgoing = self.outgoing[n:]
+
+    def _fault(self, why: str) -> NoReturn:
+        self._finish({"type": "fault", "error": why}, kill=True)
+
+    def _finish(self, message: dict[str, Any] | None, kill: bool = False) -> NoReturn:
+        """Report (when there is something to say) and end the call: with a PID namespace E's
+        exit kills everything in it; without one E kills its process group, itself included."""
+        if message is not None:
+            try:
+                _write_fd_message(_FD_STATUS, message)
+            except OSError:
+                pass
+        if self.runner_alive:
+            try:
+                os.kill(self.runner, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if kill and not self.caps["pid"]:
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # E included, after its report
+        os._exit(0)
+
+
+def parse_result(line: bytes) -> tuple[int, int, str | None] | None:
+    """A result record's (seq, exit code, reason), or None when it is not exactly one."""
+    try:
+        record = json.loads(line.decode("ascii"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(record, dict) or set(record) != {"seq", "exit_code", "reason"}:
+        return None
+    seq, exit_code, reason = record["seq"], record["exit_code"], record["reason"]
+    if type(seq) is not int or type(exit_code) is not int or not 0 <= exit_code <= 255:
+        return None
+    if reason is not None and reason not in RESULT_REASONS:
+        return None
+    return seq, exit_code, reason
+
+
+def _drain_nonblocking(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 # ------------------------------------------------------------------------------------------------
@@ -661,21 +995,33 @@ class _Executor:
                 return
 
 
+SETUP_MESSAGE_MAX = 64 * 1024
+
+
 def _await_setup(status_fd: int, timeout_s: float) -> dict[str, Any]:
+    """The executor's set-up report (read with a size bound, checked for shape)."""
     deadline = time.monotonic() + timeout_s
     buf = bytearray()
     while True:
         if len(buf) >= _HEADER.size:
             (size,) = _HEADER.unpack(buf[: _HEADER.size])
+            if size > SETUP_MESSAGE_MAX:
+                return {"type": "setup_failed", "error": "the executor's set-up report is oversized"}
             if len(buf) >= _HEADER.size + size:
-                return json.loads(bytes(buf[_HEADER.size : _HEADER.size + size]).decode("utf-8"))
+                try:
+                    msg = json.loads(bytes(buf[_HEADER.size : _HEADER.size + size]).decode("utf-8"))
+                except (ValueError, RecursionError):
+                    msg = None
+                if not isinstance(msg, dict) or not isinstance(msg.get("workdir", msg.get("error")), str):
+                    return {"type": "setup_failed", "error": "the executor's set-up report is malformed"}
+                return msg
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return {"type": "setup_failed", "error": "executor set-up timed out"}
         ready, _, _ = select.select([status_fd], [], [], remaining)
         if ready:
             try:
-                data = os.read(status_fd, 65536)
+                data = os.read(status_fd, _HEADER.size + SETUP_MESSAGE_MAX - len(buf))
             except BlockingIOError:
                 continue
             if not data:
@@ -686,10 +1032,11 @@ def _await_setup(status_fd: int, timeout_s: float) -> dict[str, Any]:
 def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, tmpfs_mb: int) -> None:
     """One supervisor: prepare an executor, hand its pipes to the host, then guard it.
 
-    The host then talks to the runner directly (a call costs two process wake-ups, not four);
-    the supervisor stays off the call path and only (1) kills the executor if the host's
-    deadline passes by more than ``BACKSTOP_MARGIN_S`` (should the host be stalled), (2) tells
-    the host how the executor ended, and (3) cleans up when the host lets go."""
+    The host then drives the call through the pipes (its request to the runner, the executor's
+    reports back); the supervisor stays off the call path and only (1) kills the executor if
+    the host's deadline passes by more than ``BACKSTOP_MARGIN_S`` (should the host be
+    stalled), (2) tells the host how the executor ended, and (3) cleans up when the host lets
+    go."""
     set_parent_death_signal()
     os.setsid()  # a fresh scheduler autogroup: see executor_main
     if caps["pid"]:
@@ -797,9 +1144,18 @@ def zygote_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     ctl = socket.socket(fileno=args.control_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Not dumpable (inherited by every fork): a process of the same uid -- the code, where no
+    # per-call uid is dropped to -- cannot ptrace these processes or open their descriptors
+    # through /proc.
+    _c().prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
+    global _SECCOMP
+    try:
+        _SECCOMP = build_seccomp_filter()
+    except Exception as exc:  # no pyseccomp or libseccomp: reported as seccomp=False
+        print(f"sandbox: no seccomp filter: {exc}", file=sys.stderr)
     caps = probe_capabilities(args.isolation)
     problem = None
-    if args.isolation == "full" and not (caps["network"] and caps["filesystem"] and caps["pid"]):
+    if args.isolation == "full" and not all(caps[k] for k in ("network", "filesystem", "pid", "seccomp")):
         problem = f"full isolation was required but this kernel/user allows only {caps}"
     blocked = blocked_python_paths()
     # Without a mount namespace the interpreter cannot be made readable for another uid; "auto"

@@ -2,10 +2,14 @@
 
 ``SandboxPool`` starts one *zygote* process (``_zygote.py``) and keeps ``size`` workers ready,
 each with its namespaces and interpreter already set up. A call claims one (the zygote forks
-a replacement at once), writes the code straight to the worker's runner, waits on its status
-pipe while enforcing the wall clock and the output caps, and drops the worker: nothing
+a replacement at once), writes the code to the worker's request pipe, waits on the executor's
+status pipe while enforcing the wall clock and the output caps, and drops the worker: nothing
 survives from one call to the next. The host process itself never forks -- it may be
 multithreaded (asyncio, torch) -- the zygote is not.
+
+Nothing the sandboxed code writes reaches the host's status pipe (the code holds no descriptor
+of it), and every message the host does read is size-bounded and schema-checked
+(``_messages.py``): a malformed one fails that call with a ``sandbox_error``, never the host.
 
 Thread-safe: any number of threads may call ``run`` concurrently; each call holds its own
 worker, and the pool's lock covers only the claim.
@@ -15,12 +19,10 @@ from __future__ import annotations
 
 import atexit
 import collections
-import json
 import os
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -29,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from . import _zygote
+from . import _messages, _zygote
 from .limits import ExecResult, SandboxLimits
 
 Isolation = Literal["auto", "full", "rlimits"]
@@ -41,11 +43,11 @@ class SandboxError(RuntimeError):
 
 
 class _Worker:
-    """A claimed worker: the supervisor's socket and, once it is ready, the runner's pipes.
+    """A claimed worker: the supervisor's socket and, once it is ready, the call's pipes.
 
-    The host drives each call itself -- it writes the request to the runner, enforces the
-    wall clock, caps the output and kills the executor -- so a call costs two process
-    wake-ups; the supervisor only backs the deadline up and cleans up after the worker."""
+    The host drives each call itself -- it writes the request, reads the executor's status
+    reports, enforces the wall clock, caps the output and kills the executor; the supervisor
+    only backs the deadline up and cleans up after the worker."""
 
     def __init__(self, pid: int, sock: socket.socket, caps: dict[str, bool]) -> None:
         self.pid = pid
@@ -55,6 +57,7 @@ class _Worker:
         self.pidfd: int | None = None
         self.fds: dict[str, int] = {}
         self.status_buf = bytearray()
+        self.seq = 0  # calls sent to this worker; the executor's reports carry the number
         self.exited: dict[str, Any] | None = None  # the supervisor's report of the executor's end
 
     def wait_ready(self, timeout_s: float) -> str | None:
@@ -66,15 +69,20 @@ class _Worker:
             data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
         except OSError as exc:
             return f"the sandbox worker did not become ready: {exc}"
-        msg = _decode(data) if data else None
-        if not msg or msg.get("type") != "ready" or len(fds) != 4:
+        msg = _messages.parse_supervisor(data) if data else None
+        if not isinstance(msg, _messages.Ready) or len(fds) != 4:
             for fd in fds:
                 os.close(fd)
-            why = (msg or {}).get("error") or "the supervisor exited before it was ready"
+            if isinstance(msg, _messages.Failed):
+                why = msg.error
+            elif data:
+                why = "the supervisor's ready message was malformed"
+            else:
+                why = "the supervisor exited before it was ready"
             return f"sandbox set-up failed: {why}"
         self.fds = dict(zip(("req", "status", "out", "err"), fds))
-        os.set_blocking(self.fds["req"], True)
-        self.executor_pid = int(msg["executor_pid"])
+        os.set_blocking(self.fds["req"], False)  # requests are written against the call's deadline
+        self.executor_pid = msg.executor_pid
         try:
             self.pidfd = os.pidfd_open(self.executor_pid)
         except (AttributeError, OSError):
@@ -262,17 +270,17 @@ class SandboxPool:
             proc.kill()
             parent.close()
             raise SandboxError(f"the sandbox zygote did not answer within {self.start_timeout_s} s: {exc}") from None
-        hello = _decode(data) if data else None
-        if not hello or hello.get("type") != "hello":
+        hello = _messages.parse_zygote(data) if data else None
+        if not isinstance(hello, _messages.Hello):
             proc.kill()
             parent.close()
             raise SandboxError(f"the sandbox zygote failed to start (exit status {proc.wait()})")
-        if hello.get("error"):
+        if hello.error:
             proc.wait(timeout=5)
             parent.close()
-            raise SandboxError(f"sandbox unavailable: {hello['error']}")
+            raise SandboxError(f"sandbox unavailable: {hello.error}")
         parent.settimeout(None)
-        self._ctl, self._proc, self._caps = parent, proc, dict(hello["caps"])
+        self._ctl, self._proc, self._caps = parent, proc, dict(hello.caps)
         self._finalizer = weakref.finalize(self, _shutdown, parent, proc, self._ready)
         self._spawn(self.size)
 
@@ -318,11 +326,11 @@ class SandboxPool:
             if not data:
                 self._ctl = None
                 return
-            msg = _decode(data)
+            msg = _messages.parse_zygote(data)
             if fds:
                 sock = socket.socket(fileno=fds[0])
-                if msg and msg.get("type") == "worker":
-                    self._ready.append(_Worker(int(msg["pid"]), sock, self._caps))
+                if isinstance(msg, _messages.WorkerBorn):
+                    self._ready.append(_Worker(msg.pid, sock, self._caps))
                 else:
                     sock.close()
             wait = 0.0
@@ -384,21 +392,24 @@ class SandboxPool:
         )
 
 
-def _decode(data: bytes) -> dict[str, Any] | None:
-    try:
-        obj = json.loads(data[4:].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 _SIGNAL_REASONS: dict[int, str] = {
     signal.SIGXCPU: "cpu_time_limit",
     signal.SIGXFSZ: "file_size_limit",
     signal.SIGSEGV: "crashed (SIGSEGV)",
 }
+_REASON_BY_SIGNAL = {sig: reason for reason, sig in _zygote.REASON_SIGNALS.items()}
 _DRAIN_TICK_S = 0.02
 _READY_TIMEOUT_S = 30.0
+
+
+def _signal_name(sig: int) -> str:
+    """SIGTERM, SIGRTMIN+3, ... -- any number the kernel may report, never an exception."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        if signal.SIGRTMIN < sig < signal.SIGRTMAX:
+            return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+        return f"signal {sig}"
 
 
 def _drain(fd: int, sink: _zygote.HeadTail) -> None:
@@ -415,38 +426,66 @@ def _drain(fd: int, sink: _zygote.HeadTail) -> None:
         sink.add(data)
 
 
-def _take_messages(worker: _Worker, got: dict[str, dict[str, Any]]) -> None:
+class _Outcome:
+    """What the executor has said about the call in flight (the first of each kind counts)."""
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.done: _messages.Done | None = None
+        self.exit: _messages.Exit | None = None
+        self.fault: str | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.done is not None or self.exit is not None or self.fault is not None
+
+    def take(self, msg: _messages.Done | _messages.Exit | _messages.Fault | None) -> None:
+        if msg is None:
+            self.fault = self.fault or "the sandbox sent a malformed status message"
+        elif isinstance(msg, _messages.Fault):
+            self.fault = self.fault or msg.error
+        elif isinstance(msg, _messages.Exit):
+            self.exit = self.exit or msg
+        elif msg.seq != self.seq:
+            self.fault = self.fault or f"the sandbox reported call {msg.seq} during call {self.seq}"
+        else:
+            self.done = self.done or msg
+
+
+def _take_messages(worker: _Worker, outcome: _Outcome) -> None:
+    """Parse the complete frames buffered from the status pipe. A frame announcing more than
+    ``STATUS_MESSAGE_MAX`` is a fault at once, so the buffer never grows past one chunk."""
     buf = worker.status_buf
-    while len(buf) >= 4:
-        (size,) = struct.unpack("!I", buf[:4])
+    while (size := _messages.frame_size(buf)) is not None:
+        if size > _messages.STATUS_MESSAGE_MAX:
+            outcome.take(None)
+            buf.clear()
+            return
         if len(buf) < 4 + size:
             return
-        try:
-            msg = json.loads(bytes(buf[4 : 4 + size]).decode("utf-8"))
-        except ValueError:
-            msg = {}
+        outcome.take(_messages.parse_status(bytes(buf[4 : 4 + size])))
         del buf[: 4 + size]
-        got.setdefault(str(msg.get("type")), msg)
 
 
-def _read_status(worker: _Worker, got: dict[str, dict[str, Any]]) -> bool:
-    """Read the status pipe; False once it reached EOF."""
-    while True:
+def _read_status(worker: _Worker, outcome: _Outcome) -> bool:
+    """Read the status pipe (bounded); False once it reached EOF."""
+    while not outcome.fault:
         try:
             data = os.read(worker.fds["status"], 65536)
         except (BlockingIOError, InterruptedError):
-            break
-        if not data:
-            _take_messages(worker, got)
+            return True
+        except OSError:
             return False
         worker.status_buf += data
-    _take_messages(worker, got)
+        _take_messages(worker, outcome)
+        if not data:
+            return False
     return True
 
 
 def _read_supervisor(worker: _Worker) -> None:
     try:
-        data = worker.sock.recv(65536)
+        data = worker.sock.recv(_messages.SOCKET_MESSAGE_MAX + 4)
     except (BlockingIOError, InterruptedError):
         return
     except OSError:
@@ -454,29 +493,76 @@ def _read_supervisor(worker: _Worker) -> None:
     if not data:
         worker.exited = worker.exited or {"type": "gone"}
         return
-    msg = _decode(data)
-    if msg and msg.get("type") == "exit":
-        worker.exited = msg
+    msg = _messages.parse_supervisor(data)
+    if isinstance(msg, _messages.SupervisorExit):
+        worker.exited = msg.model_dump()
+
+
+def _send_request(fd: int, data: bytes, deadline: float) -> str | None:
+    """Write the whole request before the deadline; None, "timeout" or what went wrong."""
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except (BlockingIOError, InterruptedError):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            select.select([], [fd], [], remaining)
+            continue
+        except OSError as exc:
+            return f"the sandbox runner is gone ({exc})"
+        view = view[n:]
+    return None
+
+
+def _exit_outcome(status: int, cpu_s: float, cpu_limit: float) -> tuple[int, str | None] | None:
+    """(exit code, reason) from the runner's wait status; None if it is not an exit status."""
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status), None
+    if not os.WIFSIGNALED(status):
+        return None
+    sig = os.WTERMSIG(status)
+    if sig in _REASON_BY_SIGNAL:  # a classified exception (see _zygote.REASON_SIGNALS)
+        return 1, _REASON_BY_SIGNAL[sig]
+    reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {_signal_name(sig)}"
+    if sig == signal.SIGKILL and cpu_s >= cpu_limit - 0.05:
+        reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
+    return -sig, reason
+
+
+def _done_reason(reason: str | None) -> str | None:
+    if reason == "limits_failed":
+        return "sandbox_error: the sandbox could not apply the call's limits"
+    return reason
 
 
 def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[str, Any]:
-    """One call on a ready worker: send the code, wait for the runner's status (or the
+    """One call on a ready worker: send the code, wait for the executor's report (or the
     deadline), keep the output within its caps, and say what happened."""
+    worker.seq += 1
+    outcome = _Outcome(worker.seq)
+    data = _zygote.encode_message({**request, "seq": worker.seq})
+    if len(data) - 4 > _zygote.MAX_REQUEST_BYTES:
+        return _failure(f"the request is {len(data) - 4} bytes, over the sandbox's limit of {_zygote.MAX_REQUEST_BYTES}")
+    _read_status(worker, outcome)  # a session whose interpreter ended (or misbehaved) between calls
+    if outcome.settled:
+        worker.kill_executor()
+        why = outcome.fault or "its interpreter exited"
+        return _failure(f"the session ended between calls: {why}")
     wire = lim.to_wire()
     out, err = _zygote.HeadTail(lim.max_output_bytes), _zygote.HeadTail(lim.max_output_bytes)
     start = time.monotonic()
     deadline = start + lim.timeout_s
-    try:
-        _zygote._write_fd_message(worker.fds["req"], request)
-    except OSError as exc:
-        return _failure(f"the sandbox runner is gone ({exc})")
+    sent = _send_request(worker.fds["req"], data, deadline)
+    if sent is not None and sent != "timeout":
+        return _failure(sent)
+    killed: str | None = "timeout" if sent == "timeout" else None
     worker.notify({"type": "call", "timeout_s": lim.timeout_s})
-    got: dict[str, dict[str, Any]] = {}
-    killed: str | None = None
     status_open = True
     # Output is not watched: each write would wake this thread. The pipes hold 1 MiB; the
     # tick drains them.
-    while not ("done" in got or "exit" in got):
+    while killed is None and not outcome.settled:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             killed = "timeout"
@@ -484,7 +570,7 @@ def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[
         watch = ([worker.fds["status"]] if status_open else []) + [worker.sock]
         ready, _, _ = select.select(watch, [], [], min(remaining, _DRAIN_TICK_S))
         if worker.fds["status"] in ready:
-            status_open = _read_status(worker, got)
+            status_open = _read_status(worker, outcome)
         if worker.sock in ready:
             _read_supervisor(worker)
         _drain(worker.fds["out"], out)
@@ -492,49 +578,47 @@ def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[
         if out.total + err.total > lim.output_kill_bytes:
             killed = "output_limit"
             break
-        if worker.exited is not None and not ("done" in got or "exit" in got):
-            _read_status(worker, got)
+        if worker.exited is not None and not outcome.settled:
+            _read_status(worker, outcome)  # the executor's last report, written before it exited
             break
     duration = time.monotonic() - start
-    done = got.get("done")
-    session_alive = bool(request.get("session")) and done is not None and killed is None
+    session_alive = bool(request.get("session")) and outcome.done is not None and killed is None and outcome.fault is None
     if not session_alive:
         worker.kill_executor()  # background children die with it (asynchronously)
-    elif request.get("session"):
+    else:
         worker.notify({"type": "idle"})
     _drain(worker.fds["out"], out)
     _drain(worker.fds["err"], err)
-    reason: str | None = killed
-    cpu_s: float | None = None
-    exit_code: int | None
-    if killed is not None:
-        exit_code = -signal.SIGKILL
-    elif done is not None:
-        exit_code, reason = int(done["exit_code"]), done.get("reason")
-    elif "exit" in got:  # the runner died; its PID-namespace init said how
-        exit_code = os.waitstatus_to_exitcode(int(got["exit"]["status"]))
-        cpu_s = float(got["exit"].get("cpu_s", 0.0))
-    elif worker.exited is not None and worker.exited.get("type") == "exit":  # no init: the supervisor did
-        exit_code = os.waitstatus_to_exitcode(int(worker.exited["status"]))
-        cpu_s = float(worker.exited.get("cpu_s", 0.0))
-    else:
-        return {**_failure("the sandbox supervisor exited during the call"), "stdout": out.text(), "stderr": err.text()}
-    if reason is None and exit_code < 0:
-        sig = -exit_code
-        reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {signal.Signals(sig).name}"
-        if sig == signal.SIGKILL and cpu_s is not None and cpu_s >= float(wire["cpu_s"]) - 0.05:
-            reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
+    output = {"stdout": out.text(), "stderr": err.text(), "stdout_truncated": out.dropped, "stderr_truncated": err.dropped}
+    ended = _ending(killed, outcome, worker, float(wire["cpu_s"]))
+    if isinstance(ended, str):
+        return {**_failure(ended), **output, "duration_s": duration}
+    exit_code, reason = ended
     return {
-        "stdout": out.text(),
-        "stderr": err.text(),
-        "stdout_truncated": out.dropped,
-        "stderr_truncated": err.dropped,
+        **output,
         "exit_code": exit_code,
         "timed_out": killed == "timeout",
         "killed_reason": reason,
         "duration_s": duration,
         "session_alive": session_alive,
     }
+
+
+def _ending(killed: str | None, outcome: _Outcome, worker: _Worker, cpu_limit: float) -> tuple[int, str | None] | str:
+    """(exit code, reason) of the call, or the sandbox error that ended it."""
+    if killed is not None:
+        return -signal.SIGKILL, killed
+    if outcome.fault is not None:
+        return outcome.fault
+    if outcome.done is not None:
+        return outcome.done.exit_code, _done_reason(outcome.done.reason)
+    if outcome.exit is not None:  # the runner ended; the executor reaped it
+        ended = _exit_outcome(outcome.exit.status, outcome.exit.cpu_s, cpu_limit)
+        return ended if ended is not None else "the sandbox reported an impossible exit status"
+    if worker.exited is not None and worker.exited.get("type") == "exit":  # the executor itself died
+        ended = _exit_outcome(int(worker.exited["status"]), float(worker.exited["cpu_s"]), cpu_limit)
+        return ended if ended is not None else "the sandbox reported an impossible exit status"
+    return "the sandbox supervisor exited during the call"
 
 
 def _failure(message: str, *, timed_out: bool = False) -> dict[str, Any]:
