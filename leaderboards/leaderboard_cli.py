@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
 
 from relax_gym.cli.common import fail
+
+from .render_md import clean_text
 
 DEFAULT_DB = "leaderboard.sqlite"
 
@@ -117,19 +120,22 @@ def _collect(args: argparse.Namespace, runs: list[str]) -> list[dict[str, Any]]:
             and not (Path(run) / "summary.json").exists()
             and not (Path(run) / "config.json").exists()
         ):
-            print(f"warning: skipping {run}: not an eval run folder", file=sys.stderr)
+            print(f"warning: skipping {clean_text(run)}: not an eval run folder", file=sys.stderr)
             continue
         if not Path(run).is_dir():
             continue  # e.g. runs/* matched the index file itself
         try:
             summary = load_summary(run)
         except StoreError as exc:
-            print(f"warning: skipping {exc}", file=sys.stderr)
+            print(f"warning: skipping {clean_text(exc)}", file=sys.stderr)
             continue
         rid = store.add(summary, run) if store is not None else run
         summaries.append({**summary, "_run_id": rid, "_path": str(run)})
     if not runs and store is not None:
-        summaries = store.summaries()
+        problems: list[str] = []
+        summaries = store.summaries(problems=problems)
+        for problem in problems:
+            print(f"warning: skipping {clean_text(problem)}", file=sys.stderr)
     suite = args.suite
     if args.board:
         from .boards import get_board
@@ -140,25 +146,35 @@ def _collect(args: argparse.Namespace, runs: list[str]) -> list[dict[str, Any]]:
     return summaries
 
 
+def _list_or_remove(args: argparse.Namespace) -> None:
+    from .store import ResultsStore
+
+    store = ResultsStore(args.db)
+    for rid in args.remove or []:
+        print(f"{'removed' if store.remove(rid) else 'not found'}: {rid}")
+    if args.list:
+        for r in store.rows():
+            score = "-" if r["score"] is None else f"{r['score']:.3f}"
+            print(  # labels and suite names come from summaries: no terminal control sequences
+                clean_text(
+                    f"{r['run_id']}  {r['suite']:<18} {r['label']:<24} score {score:<6} "
+                    f"{'complete' if r['complete'] else 'INCOMPLETE'}  {r['path']}"
+                )
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from .render_html import render_html
     from .render_md import render_markdown
-    from .store import ResultsStore
     from .table import build_groups
 
     if args.no_db and not args.runs and not args.make_baselines:
         return fail("--no-db needs run folders to render", 2)
     if args.list or args.remove:
-        store = ResultsStore(args.db)
-        for rid in args.remove or []:
-            print(f"{'removed' if store.remove(rid) else 'not found'}: {rid}")
-        if args.list:
-            for r in store.rows():
-                score = "-" if r["score"] is None else f"{r['score']:.3f}"
-                print(
-                    f"{r['run_id']}  {r['suite']:<18} {r['label']:<24} score {score:<6} "
-                    f"{'complete' if r['complete'] else 'INCOMPLETE'}  {r['path']}"
-                )
+        try:
+            _list_or_remove(args)
+        except sqlite3.Error as exc:
+            return fail(f"{args.db}: not a usable results index ({exc})", 2)
         return 0
     runs = list(args.runs)
     if args.make_baselines:
@@ -180,10 +196,12 @@ def run(args: argparse.Namespace) -> int:
         args.board = board
     try:
         summaries = _collect(args, runs)
+    except sqlite3.Error as exc:
+        return fail(f"{args.db}: not a usable results index ({exc})", 2)
     except (KeyError, OSError) as exc:
         return fail(str(exc), 2)
     if runs and not summaries:
-        return fail("none of the given folders holds an eval run (summary.json)", 2)
+        return fail("none of the given folders holds a valid eval run (summary.json)", 2)
     groups = build_groups(summaries)
     title = args.title
     if title is None and args.board:

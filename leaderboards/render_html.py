@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 
-from .render_md import METHOD
+from .render_md import METHOD, clean_text
 from .table import Cell, Group, Row, split_notes
 
 BAR = "#4e79a7"
@@ -100,7 +100,15 @@ SCRIPT = """
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """Text for an element or a quoted attribute: escaped, and one line of visible characters."""
+    return html.escape(clean_text(text), quote=True)
+
+
+def _script_json(value: object) -> str:
+    """JSON for a ``<script>`` data block: ``<``, ``>`` and ``&`` as ``\\u`` escapes, so no
+    ``</script>`` or ``<!--`` in a title can end or derail the block."""
+    text = json.dumps(value)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _num(cell: Cell | None) -> str:
@@ -265,7 +273,7 @@ def render_html(groups: list[Group], *, title: str = "relax-gym leaderboard") ->
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in split_notes(groups))
     metrics = " / ".join(sorted({g.metric_label for g in groups})) or "score"
     body = "".join(sections) if sections else "<p>No runs indexed yet.</p>"
-    data = json.dumps({"title": title, "groups": len(groups)}).replace("</", "<\\/")
+    data = _script_json({"title": title, "groups": len(groups)})
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "

@@ -17,6 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .summary import SummaryError, validate_summary
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id            TEXT PRIMARY KEY,
@@ -47,22 +49,38 @@ CREATE TABLE IF NOT EXISTS env_scores (
 """
 
 
+MAX_SUMMARY_BYTES = 64 << 20  # a real summary is kilobytes; refuse to load anything near this
+
+
 class StoreError(ValueError):
-    """A run folder or summary that cannot be indexed."""
+    """A run folder or summary that cannot be indexed (the message names the file)."""
+
+
+def _read_bounded(path: Path) -> bytes:
+    """A regular file's bytes, refusing devices and FIFOs (which could block or never end) and
+    anything over MAX_SUMMARY_BYTES."""
+    if path.exists() and not path.is_file():
+        raise StoreError(f"{path}: not a regular file")
+    with path.open("rb") as f:
+        data = f.read(MAX_SUMMARY_BYTES + 1)
+    if len(data) > MAX_SUMMARY_BYTES:
+        raise StoreError(f"{path}: larger than the {MAX_SUMMARY_BYTES >> 20} MiB a summary may have")
+    return data
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
+    """Read and check ``RUN_DIR/summary.json``; any problem is one StoreError naming the file."""
     path = Path(run_dir) / "summary.json"
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary = json.loads(_read_bounded(path).decode("utf-8"))
     except FileNotFoundError:
         raise StoreError(f"{run_dir}: no summary.json (not an eval run folder, or the run never started)") from None
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"{path}: unreadable ({exc})") from None
-    for field in ("config_hash", "comparability_key", "results", "config"):
-        if field not in summary:
-            raise StoreError(f"{path}: not a relax-gym summary (no {field!r})")
-    return summary
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError covers bad JSON and bad UTF-8
+        raise StoreError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
+    try:
+        return validate_summary(summary, str(path))
+    except SummaryError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def run_id(summary: dict[str, Any], path: str) -> str:
@@ -139,8 +157,12 @@ class ResultsStore:
         with self._connect() as db:
             return db.execute("DELETE FROM runs WHERE run_id = ?", (rid,)).rowcount > 0
 
-    def summaries(self, *, suite: str | None = None, run_ids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Stored summaries (with ``_run_id`` and ``_path`` added), oldest first."""
+    def summaries(
+        self, *, suite: str | None = None, run_ids: list[str] | None = None, problems: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Stored summaries (with ``_run_id`` and ``_path`` added), oldest first. A stored row
+        that no longer reads as a summary (an older or edited index) is left out and described
+        in ``problems``."""
         query = "SELECT run_id, path, summary FROM runs"
         clauses, params = [], []
         if suite is not None:
@@ -154,7 +176,16 @@ class ResultsStore:
         query += " ORDER BY indexed_at, run_id"
         with self._connect() as db:
             rows = db.execute(query, params).fetchall()
-        return [{**json.loads(s), "_run_id": rid, "_path": p} for rid, p, s in rows]
+        out = []
+        for rid, where, text in rows:
+            try:
+                summary = validate_summary(json.loads(text), f"{self.path} (run {rid})")
+            except (SummaryError, ValueError, RecursionError) as exc:
+                if problems is not None:
+                    problems.append(str(exc) if isinstance(exc, SummaryError) else f"{self.path} (run {rid}): {exc}")
+                continue
+            out.append({**summary, "_run_id": rid, "_path": where})
+        return out
 
     def rows(self) -> list[dict[str, Any]]:
         """The index columns of every run (for listings)."""

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from .config import EvalConfig
 from .records import EpisodeRecord, sorted_records
 from .scoring import Baseline, EnvScore, TaskOutcomes, aggregate, group_scores, score_env
@@ -160,4 +162,118 @@ def build_summary(
     }
 
 
-__all__ = ["MODALITY_GROUPS", "SUMMARY_SCHEMA", "build_summary", "library_versions", "modality_groups"]
+# ------------------------------------------------------------------------------------------------
+# reading summaries back: the fields leaderboards use, checked before anything renders them
+# ------------------------------------------------------------------------------------------------
+MAX_TEXT = 500  # characters in a label, agent, suite name, env id or key
+MAX_COUNT = 10**12  # episodes, errors, versions
+MAX_SCORE = 1e6  # |score|: success rates are in [0, 1], normalised scores near it
+
+
+class SummaryError(ValueError):
+    """A summary that leaderboards cannot use; the message names the source and the field."""
+
+
+def _short_text(value: str) -> str:
+    if len(value) > MAX_TEXT:
+        raise ValueError(f"longer than {MAX_TEXT} characters")
+    return value
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class _Estimate(_Part):
+    value: float = Field(ge=-MAX_SCORE, le=MAX_SCORE)
+    low: float = Field(ge=-MAX_SCORE, le=MAX_SCORE)
+    high: float = Field(ge=-MAX_SCORE, le=MAX_SCORE)
+    n: int = Field(0, ge=0, le=MAX_COUNT)
+
+
+class _Scores(_Part):
+    success: _Estimate | None = None
+    normalised: _Estimate | None = None
+
+
+class _SuiteResult(_Scores):
+    name: str = "custom"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return _short_text(value)
+
+
+class _EnvResult(_Scores):
+    version: int | None = Field(None, ge=0, le=MAX_COUNT)
+    episodes: int = Field(0, ge=0, le=MAX_COUNT)
+    errors: int = Field(0, ge=0, le=MAX_COUNT)
+
+
+class _GroupResult(_Scores):
+    envs: list[str] = Field(default_factory=list)
+
+
+class _Counts(_Part):
+    planned: int = Field(0, ge=0, le=MAX_COUNT)
+    missing: int = Field(0, ge=0, le=MAX_COUNT)
+    errors: int = Field(0, ge=0, le=MAX_COUNT)
+
+
+class _Results(_Part):
+    suite: _SuiteResult
+    envs: dict[str, _EnvResult]
+    modalities: dict[str, _GroupResult] = Field(default_factory=dict)
+    tool_use: _GroupResult | None = None
+    counts: _Counts = Field(default_factory=_Counts)
+
+    @field_validator("envs")
+    @classmethod
+    def _env_ids(cls, envs: dict[str, _EnvResult]) -> dict[str, _EnvResult]:
+        if not envs:
+            raise ValueError("no envs")
+        for env_id in envs:
+            _short_text(env_id)
+        return envs
+
+
+class _Summary(_Part):
+    config_hash: str = Field(min_length=1)
+    comparability_key: str = Field(min_length=1)
+    config: dict[str, Any]
+    results: _Results
+    complete: bool = False
+    agent: str = ""
+    label: str | None = None
+
+    @field_validator("config_hash", "comparability_key", "agent", "label")
+    @classmethod
+    def _texts(cls, value: str | None) -> str | None:
+        return value if value is None else _short_text(value)
+
+
+def validate_summary(data: Any, source: str) -> dict[str, Any]:
+    """Check ``data`` (a parsed ``summary.json``) has what leaderboards read, with sane types
+    and finite, bounded numbers; returns it with defaults filled in. Raises SummaryError naming
+    ``source`` and the first offending fields, never a traceback further down."""
+    if not isinstance(data, dict):
+        raise SummaryError(f"{source}: not a relax-gym summary (a JSON {type(data).__name__}, not an object)")
+    try:
+        return _Summary.model_validate(data).model_dump()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '<top>'}: {e['msg']}" for e in exc.errors(include_url=False)[:3]
+        )
+        raise SummaryError(f"{source}: not a valid relax-gym summary ({problems})") from None
+
+
+__all__ = [
+    "MODALITY_GROUPS",
+    "SUMMARY_SCHEMA",
+    "SummaryError",
+    "build_summary",
+    "library_versions",
+    "modality_groups",
+    "validate_summary",
+]
