@@ -19,7 +19,7 @@ def make_python_tool(
     stateful: bool = False,
     name: str = "python",
     timeout_s: float = 10.0,
-    memory_mb: int = 1024,
+    memory_mb: int = 512,
     pool: SandboxPool | None = None,
     **limits: Any,
 ) -> Tool:

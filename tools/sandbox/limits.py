@@ -28,7 +28,7 @@ class SandboxLimits:
     """
 
     timeout_s: float = 10.0
-    memory_mb: int = 1024
+    memory_mb: int = 512
     cpu_s: float | None = None
     max_processes: int = 32
     max_total_memory_mb: int = 2048

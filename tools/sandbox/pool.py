@@ -734,14 +734,15 @@ def run_python(
     code: str,
     *,
     timeout_s: float = 10.0,
-    memory_mb: int = 1024,
+    memory_mb: int = 512,
     pool: SandboxPool | None = None,
     **limits: Any,
 ) -> ExecResult:
     """Run ``code`` in a fresh sandboxed process and return its :class:`ExecResult`.
 
     Extra keyword arguments are :class:`SandboxLimits` fields (``cpu_s``, ``max_processes``,
-    ``max_open_files``, ``max_file_mb``, ``max_output_bytes``, ``output_kill_bytes``).
+    ``max_total_memory_mb``, ``max_open_files``, ``max_file_mb``, ``max_output_bytes``,
+    ``output_kill_bytes``). The defaults allow 4 processes (threads count) of 512 MB: 2 GB in all.
     """
     target = pool or default_pool()
     return target.run(code, target.limits.with_overrides(timeout_s=timeout_s, memory_mb=memory_mb, **limits))
