@@ -13,6 +13,8 @@ parsed leniently, since servers add fields over time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import ssl
 from typing import Any, Literal
@@ -41,6 +43,11 @@ class EngineUnavailable(EngineError):
 
 class EngineTimeout(EngineError):
     """The engine did not answer within the timeout."""
+
+
+class EngineClosed(EngineUnavailable):
+    """The client was closed (its engine was removed): the call was not sent, or was cut off
+    after the close's grace period. A failover candidate like any unreachable engine."""
 
 
 class _Model(BaseModel):
@@ -350,6 +357,9 @@ class EngineClient:
         self.transport: str = transport
         self._client: httpx.AsyncClient | None = None
         self._session: Any = None  # aiohttp.ClientSession, made inside the running loop
+        self._closed = False
+        self._inflight = 0
+        self._idle: asyncio.Event | None = None  # set while no call is in flight (made on first use)
         if transport == "httpx":
             self._client = httpx.AsyncClient(
                 base_url=self.base_url,
@@ -365,21 +375,68 @@ class EngineClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def inflight(self) -> int:
+        """Calls sent through this client that have not returned yet."""
+        return self._inflight
+
+    async def aclose(self, *, grace_s: float = 0.0) -> None:
+        """Refuse new calls at once (:class:`EngineClosed`), give the calls in flight up to
+        ``grace_s`` seconds to finish, then close the connections (cutting off the rest, which
+        then raise :class:`EngineClosed` too)."""
+        self._closed = True
+        if grace_s > 0 and self._inflight:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._idle_event().wait(), grace_s)
         if self._client is not None:
             await self._client.aclose()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    def _idle_event(self) -> asyncio.Event:
+        if self._idle is None:
+            self._idle = asyncio.Event()
+            if not self._inflight:
+                self._idle.set()
+        return self._idle
+
     async def _request(self, method: str, path: str, payload: BaseModel | dict[str, Any] | None = None,
                        *, timeout_s: float | None = None) -> Any:
         body = payload.model_dump(exclude_none=True) if isinstance(payload, BaseModel) else payload
         url = self.base_url + path
-        if self._client is not None:
-            status, content = await self._send_httpx(method, path, body, timeout_s, url)
-        else:
-            status, content = await self._send_aiohttp(method, url, body, timeout_s)
+        if self._closed:
+            raise EngineClosed(url, "client closed (the engine was removed); call not sent")
+        self._inflight += 1
+        self._idle_event().clear()
+        try:
+            status, content = await self._send(method, path, url, body, timeout_s)
+        except EngineUnavailable:
+            if self._closed:  # our own close cut the connection, not the engine
+                raise EngineClosed(url, "client closed (the engine was removed) during the call") from None
+            raise
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle_event().set()
+        return self._parse_reply(url, status, content)
+
+    async def _send(self, method: str, path: str, url: str, body: Any, timeout_s: float | None) -> tuple[int, bytes]:
+        try:
+            if self._client is not None:
+                return await self._send_httpx(method, path, body, timeout_s, url)
+            return await self._send_aiohttp(method, url, body, timeout_s)
+        except RuntimeError as exc:  # httpx / aiohttp refuse a closed client or session
+            if self._closed:
+                raise EngineClosed(url, "client closed (the engine was removed)") from None
+            raise EngineUnavailable(url, f"unreachable ({type(exc).__name__}: {exc})") from None
+
+    @staticmethod
+    def _parse_reply(url: str, status: int, content: bytes) -> Any:
         if status >= 400:
             detail = content[:500].decode("utf-8", errors="replace")
             raise EngineError(url, f"error reply: {detail}", status)
@@ -510,6 +567,7 @@ __all__ = [
     "ChatToolCallFunction",
     "ChatUsage",
     "EngineClient",
+    "EngineClosed",
     "EngineError",
     "EngineTimeout",
     "EngineUnavailable",

@@ -21,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
 import datetime as _dt
 import json
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +44,9 @@ from relax_gym.protocol import (
 )
 
 NamedTensors = list[tuple[str, torch.Tensor]]
+
+DEFAULT_GROUP_TIMEOUT_S = 60.0  # rendezvous and each broadcast; a present trainer takes < 1 s
+MAX_PENDING_JOINS = 4  # join threads alive at once (a join that timed out may linger a little)
 
 
 class WeightTransportError(RelaxGymError, ValueError):
@@ -203,7 +208,7 @@ def new_process_group(
     *,
     group_name: str,
     backend: str = "gloo",
-    timeout_s: float = 600.0,
+    timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
 ) -> GroupHandle:
     """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
     timeout = _dt.timedelta(seconds=timeout_s)
@@ -224,7 +229,11 @@ def new_process_group(
 
 
 def broadcast(handle: GroupHandle, tensors: list[torch.Tensor], root: int = 0) -> None:
-    """Broadcast each tensor from ``root`` in order, then wait for all of them."""
+    """Broadcast each tensor from ``root`` in order, then wait for all of them.
+
+    Each wait is bounded by the group's timeout: gloo fails a collective whose peers do not show
+    up within it, so a missing sender or receiver raises instead of blocking forever.
+    """
     works = []
     for t in tensors:
         opts = dist.BroadcastOptions()
@@ -234,50 +243,245 @@ def broadcast(handle: GroupHandle, tensors: list[torch.Tensor], root: int = 0) -
         w.wait()
 
 
-class WeightReceiver:
-    """Engine side: joins named groups and receives broadcast tensors (one engine rank each)."""
+class WeightGroupError(RelaxGymError, RuntimeError):
+    """Joining a weight-update group, or a collective on it, failed or ran out of time.
 
-    def __init__(self, timeout_s: float = 600.0) -> None:
-        self.timeout_s = timeout_s
+    ``status`` is the HTTP status the engine answers with (SGLang's ``{"success": false,
+    "message": ...}`` body): 409 for a conflicting call, 503 when too many joins are pending,
+    504 when the trainer did not rendezvous in time.
+    """
+
+    def __init__(self, message: str, status: int = 504) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+
+def _first_line(exc: BaseException) -> str:
+    """torch's distributed errors carry a C++ stack trace after the first line; keep the cause."""
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _start_daemon(fn: Callable[[], None], name: str) -> concurrent.futures.Future[None]:
+    """Run ``fn`` in a daemon thread: a thread stuck in a rendezvous or collective can neither
+    block the event loop nor keep the process alive at exit."""
+    fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def target() -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fn()
+        except BaseException as exc:  # handed to the awaiting request
+            fut.set_exception(exc)
+        else:
+            fut.set_result(None)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return fut
+
+
+async def _await_bounded(fut: concurrent.futures.Future[None], timeout_s: float) -> bool:
+    """Wait for ``fut`` up to ``timeout_s``; False when the deadline passed first."""
+    try:
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+@dataclass
+class _Join:
+    """One pending join; ``abandoned`` once its request gave up, so a late group is dropped."""
+
+    name: str
+    abandoned: bool = False
+
+
+class WeightReceiver:
+    """Engine side: joins named groups and receives broadcast tensors (one engine rank each).
+
+    Every rendezvous and collective runs in a daemon thread under a deadline of ``timeout_s``
+    (torch's own store and group timeouts are set to the same value), so a trainer that never
+    shows up costs the caller one error reply after ``timeout_s`` -- never a stuck request, a
+    stuck engine thread, or a process that cannot exit. Groups are dropped in daemon threads too,
+    since releasing a gloo group waits for its unfinished collectives.
+    """
+
+    def __init__(
+        self, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S, *, max_pending_joins: int = MAX_PENDING_JOINS
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = float(timeout_s)
+        self.max_pending_joins = max(1, max_pending_joins)
+        self._lock = threading.Lock()
         self._groups: dict[str, GroupHandle] = {}
+        self._joining: dict[str, _Join] = {}
+        self._join_threads = 0
+        self._busy: set[str] = set()  # groups with a collective in flight
 
     @property
     def group_names(self) -> list[str]:
-        return sorted(self._groups)
+        with self._lock:
+            return sorted(self._groups)
 
-    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+    # -- joining ------------------------------------------------------------------------------
+    def _check_join(self, req: InitWeightsUpdateGroupRequest) -> None:
         if req.backend != "gloo":
             raise WeightTransportError(
                 f"backend {req.backend!r} is not available on the CPU engine; send backend='gloo'"
             )
-        if req.group_name in self._groups:
-            raise WeightTransportError(f"group {req.group_name!r} already exists; destroy it first")
-        rank = req.rank_offset  # one engine rank (no tensor parallelism here)
-        if not 0 < rank < req.world_size:
-            raise WeightTransportError(f"rank_offset {rank} is outside 1..{req.world_size - 1}")
-        self._groups[req.group_name] = new_process_group(
-            req.master_address,
-            req.master_port,
-            rank,
-            req.world_size,
-            group_name=req.group_name,
-            backend="gloo",
-            timeout_s=self.timeout_s,
-        )
+        if not 0 < req.rank_offset < req.world_size:
+            raise WeightTransportError(f"rank_offset {req.rank_offset} is outside 1..{req.world_size - 1}")
+        if not 0 < req.master_port < 65536:
+            raise WeightTransportError(f"master_port {req.master_port} is not a TCP port")
 
+    def _reserve_join(self, name: str) -> _Join:
+        with self._lock:
+            if name in self._groups:
+                raise WeightGroupError(f"group {name!r} already exists; destroy it first", 409)
+            if name in self._joining:
+                raise WeightGroupError(f"group {name!r} is already being joined", 409)
+            if self._join_threads >= self.max_pending_joins:
+                raise WeightGroupError(
+                    f"{self._join_threads} group joins are still pending; try again in up to {self.timeout_s:.0f} s",
+                    503,
+                )
+            ticket = _Join(name)
+            self._joining[name] = ticket
+            self._join_threads += 1
+            return ticket
+
+    def _join_blocking(self, req: InitWeightsUpdateGroupRequest, ticket: _Join) -> None:
+        """Thread body: rendezvous, then keep the group unless the request gave up meanwhile
+        (the late group is released here, in this thread)."""
+        try:
+            handle = new_process_group(
+                req.master_address,
+                req.master_port,
+                req.rank_offset,  # one engine rank (no tensor parallelism here)
+                req.world_size,
+                group_name=req.group_name,
+                backend="gloo",
+                timeout_s=self.timeout_s,
+            )
+            with self._lock:
+                if not ticket.abandoned:
+                    self._groups[ticket.name] = handle
+            del handle
+        finally:
+            with self._lock:
+                self._join_threads -= 1
+                if self._joining.get(ticket.name) is ticket:
+                    del self._joining[ticket.name]
+
+    async def join(self, req: InitWeightsUpdateGroupRequest) -> None:
+        """Join ``req``'s group within ``timeout_s``; raises WeightTransportError (bad request)
+        or WeightGroupError (conflict, busy, or no rendezvous in time)."""
+        self._check_join(req)
+        ticket = self._reserve_join(req.group_name)
+        where = f"{req.master_address}:{req.master_port}"
+        fut = _start_daemon(lambda: self._join_blocking(req, ticket), f"relax-gym-join-{req.group_name}")
+        if not await _await_bounded(fut, self.timeout_s):
+            with self._lock:
+                ticket.abandoned = True
+                joined = req.group_name in self._groups
+            if joined:  # finished at the deadline
+                return
+            raise WeightGroupError(
+                f"no rendezvous for group {req.group_name!r} at {where} within {self.timeout_s:g} s "
+                "(is the trainer listening there as rank 0?)"
+            )
+        exc = fut.exception()
+        if exc is not None:
+            raise WeightGroupError(
+                f"joining group {req.group_name!r} at {where} failed within {self.timeout_s:g} s: {_first_line(exc)}"
+            )
+
+    def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
+        """Blocking form of :meth:`join` (for callers outside an event loop)."""
+        asyncio.run(self.join(req))
+
+    # -- leaving ------------------------------------------------------------------------------
     def destroy_group(self, group_name: str) -> bool:
-        return self._groups.pop(group_name, None) is not None
+        """Forget a group (released in a daemon thread). Refused while a broadcast runs on it."""
+        with self._lock:
+            if group_name in self._busy:
+                raise WeightGroupError(f"group {group_name!r} is receiving weights; destroy it afterwards", 409)
+            if group_name not in self._groups:
+                return False
+            box = [self._groups.pop(group_name)]
+        _release_in_background(box)
+        return True
 
-    def receive(self, req: UpdateWeightsFromDistributedRequest) -> NamedTensors:
-        """Receive the tensors ``req`` lists (all of them, so the collective stays in step)."""
-        entry = self._groups.get(req.group_name)
-        if entry is None:
-            raise WeightTransportError(f"no weight update group {req.group_name!r}; call /init_weights_update_group")
-        tensors = [
-            torch.empty(tuple(shape), dtype=parse_dtype(dt)) for dt, shape in zip(req.dtypes, req.shapes, strict=True)
-        ]
-        broadcast(entry, tensors, root=0)
+    def close(self) -> None:
+        """Drop every group (at shutdown)."""
+        with self._lock:
+            box: list[Any] = list(self._groups.values())
+            self._groups.clear()
+        _release_in_background(box)
+
+    # -- receiving ----------------------------------------------------------------------------
+    def _claim(self, group_name: str) -> None:
+        with self._lock:
+            if group_name not in self._groups:
+                raise WeightTransportError(f"no weight update group {group_name!r}; call /init_weights_update_group")
+            if group_name in self._busy:
+                raise WeightGroupError(f"group {group_name!r} is already receiving a broadcast", 409)
+            self._busy.add(group_name)
+
+    def _receive_blocking(self, group_name: str, tensors: list[torch.Tensor]) -> None:
+        """Thread body: receive into ``tensors``; a failed or timed-out collective leaves the
+        group out of step, so it is dropped (here, in this thread)."""
+        with self._lock:
+            entry = self._groups[group_name]
+        try:
+            broadcast(entry, tensors, root=0)
+        except RuntimeError as exc:
+            with self._lock:
+                if self._groups.get(group_name) is entry:
+                    del self._groups[group_name]
+            del entry
+            raise WeightGroupError(
+                f"broadcast on group {group_name!r} did not complete within {self.timeout_s:g} s "
+                f"({_first_line(exc)}); the group was destroyed, call /init_weights_update_group again"
+            ) from None
+        finally:
+            with self._lock:
+                self._busy.discard(group_name)
+
+    async def receive(self, req: UpdateWeightsFromDistributedRequest) -> NamedTensors:
+        """Receive the tensors ``req`` lists (all of them, so the collective stays in step),
+        off the engine thread and within the group's timeout."""
+        validate_distributed_request(req)
+        self._claim(req.group_name)
+        try:
+            tensors = [
+                torch.empty(tuple(shape), dtype=parse_dtype(dt))
+                for dt, shape in zip(req.dtypes, req.shapes, strict=True)
+            ]
+        except BaseException:
+            with self._lock:
+                self._busy.discard(req.group_name)
+            raise
+        fut = _start_daemon(lambda: self._receive_blocking(req.group_name, tensors), "relax-gym-receive")
+        # gloo fails the collective at timeout_s; the extra seconds only cover a wedged thread
+        if not await _await_bounded(fut, self.timeout_s + 5.0):
+            raise WeightGroupError(
+                f"broadcast on group {req.group_name!r} did not complete within {self.timeout_s:g} s; "
+                "destroy the group and join again"
+            )
+        fut.result()
         return list(zip(req.names, tensors, strict=True))
+
+
+def _release_in_background(box: list[Any]) -> None:
+    """Drop the groups in ``box`` in a daemon thread (their destructors wait for pending work).
+    ``box`` must hold the only references."""
+    if box:
+        threading.Thread(target=box.clear, name="relax-gym-group-release", daemon=True).start()
 
 
 def validate_distributed_request(req: UpdateWeightsFromDistributedRequest) -> None:
@@ -320,7 +524,7 @@ class WeightBroadcaster:
         master_port: int,
         group_name: str = "weight_update_group",
         backend: str = "gloo",
-        timeout_s: float = 600.0,
+        timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
     ) -> None:
         self.engines = engines
         self.master_address = master_address
@@ -330,7 +534,8 @@ class WeightBroadcaster:
         self.timeout_s = timeout_s
         self.world_size = 1 + sum(e.ranks for e in engines)
         self._group: GroupHandle | None = None
-        self._clients = [EngineClient(e.base_url, api_key=e.api_key, timeout_s=timeout_s) for e in engines]
+        # the engines answer within their own group timeout; wait a little longer than ours
+        self._clients = [EngineClient(e.base_url, api_key=e.api_key, timeout_s=timeout_s + 30.0) for e in engines]
 
     async def init(self) -> None:
         offsets, offset = [], 1
@@ -352,24 +557,50 @@ class WeightBroadcaster:
             )
             for c, off in zip(self._clients, offsets, strict=True)
         ]
-        try:
-            self._group = await asyncio.to_thread(
-                new_process_group,
-                self.master_address,
-                self.master_port,
-                0,
-                self.world_size,
-                group_name=self.group_name,
-                backend=self.backend,
-                timeout_s=self.timeout_s,
+        box: list[GroupHandle] = []
+
+        def rendezvous() -> None:
+            box.append(
+                new_process_group(
+                    self.master_address,
+                    self.master_port,
+                    0,
+                    self.world_size,
+                    group_name=self.group_name,
+                    backend=self.backend,
+                    timeout_s=self.timeout_s,
+                )
             )
+
+        joined = asyncio.wrap_future(_start_daemon(rendezvous, "relax-gym-rendezvous"))
+        try:
+            await asyncio.wait_for(self._until_all_joined(joined, calls), self.timeout_s + 5.0)
+        except TimeoutError:
+            raise WeightGroupError(
+                f"the engines did not join group {self.group_name!r} within {self.timeout_s:g} s"
+            ) from None
         finally:
-            replies = await asyncio.gather(*calls, return_exceptions=True)
-        for e, r in zip(self.engines, replies, strict=True):
-            if isinstance(r, BaseException):
-                raise r
-            if not r.success:
-                raise EngineError(e.base_url + "/init_weights_update_group", r.message)
+            for call in calls:
+                call.cancel()
+        self._group = box[0]
+
+    async def _until_all_joined(
+        self, joined: asyncio.Future[None], calls: list[asyncio.Task[UpdateWeightsResponse]]
+    ) -> None:
+        """Wait for our rendezvous and every engine's reply; the first failure raises at once
+        (an engine that refused to join would otherwise leave rank 0 waiting out its timeout)."""
+        pending: set[asyncio.Future[Any]] = {joined, *calls}
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                exc = fut.exception()
+                if exc is not None and fut is joined:
+                    raise WeightGroupError(f"opening group {self.group_name!r} failed: {_first_line(exc)}")
+                if exc is not None:
+                    raise exc
+                if fut is not joined and not fut.result().success:
+                    engine = self.engines[calls.index(fut)]  # type: ignore[arg-type]
+                    raise EngineError(engine.base_url + "/init_weights_update_group", fut.result().message)
 
     async def push(
         self,
@@ -393,8 +624,9 @@ class WeightBroadcaster:
                 abort_all_requests=abort_all_requests,
             )
             calls = [asyncio.create_task(c.update_weights_from_distributed(req)) for c in self._clients]
+            handle, tensors = self._group, [t for _, t in group]
             try:
-                await asyncio.to_thread(broadcast, self._group, [t for _, t in group], 0)
+                await asyncio.wrap_future(_start_daemon(lambda: broadcast(handle, tensors, 0), "relax-gym-broadcast"))
             finally:
                 replies = await asyncio.gather(*calls, return_exceptions=True)
             for r in replies:
@@ -415,10 +647,12 @@ class WeightBroadcaster:
 
 
 __all__ = [
+    "DEFAULT_GROUP_TIMEOUT_S",
     "EngineTarget",
     "GroupHandle",
     "UpdateWeightsFromTensorRequest",
     "WeightBroadcaster",
+    "WeightGroupError",
     "WeightReceiver",
     "WeightTransportError",
     "buckets",

@@ -30,6 +30,7 @@ from typing import Any, Literal, Self
 from relax_gym.errors import RelaxGymError
 from relax_gym.protocol import (
     EngineClient,
+    EngineClosed,
     EngineError,
     GenerateRequest,
     GenerateResponse,
@@ -100,9 +101,14 @@ class EngineHandle:
             return len(self.clients) - 1
         return best
 
-    async def aclose(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """Requests acquired for it, or calls (generate or control) still in flight on its clients."""
+        return self.inflight > 0 or any(c.inflight for c in self.clients)
+
+    async def aclose(self, *, grace_s: float = 0.0) -> None:
         for client in self.clients:
-            await client.aclose()
+            await client.aclose(grace_s=grace_s)
 
     @property
     def takes_new_sessions(self) -> bool:
@@ -143,6 +149,7 @@ class EngineRouter:
         connections_per_shard: int = 16,
         client_factory: Callable[[str, int], EngineClient] | None = None,
         weight_sync: Callable[[EngineHandle, str], Awaitable[None]] | None = None,
+        close_grace_s: float = 10.0,
     ) -> None:
         self._initial_urls = list(urls)
         self.api_key = api_key
@@ -153,6 +160,9 @@ class EngineRouter:
         # silent checks in a row mark it unhealthy (a failed request's probe still acts at once).
         self.unhealthy_after = max(1, unhealthy_after)
         self.no_engine_timeout_s = no_engine_timeout_s
+        # a removed engine's requests and control calls in flight get this long before its
+        # client closes (calls still running then fail with EngineClosed)
+        self.close_grace_s = max(0.0, close_grace_s)
         self._shards = max(1, -(-max_connections // max(1, connections_per_shard)))
         per_shard = -(-max_connections // self._shards)
         self._client_factory = client_factory or (
@@ -169,6 +179,7 @@ class EngineRouter:
         self._running.set()
         self._health_task: asyncio.Task[None] | None = None
         self._drain_tasks: set[asyncio.Task[None]] = set()
+        self._removals: dict[str, asyncio.Task[None]] = {}
         self._sync_lock = asyncio.Lock()
         self.weights_path: str | None = None
         self.weight_version: str | None = None
@@ -202,8 +213,10 @@ class EngineRouter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
-        for task in list(self._drain_tasks):
-            task.cancel()
+        removals = list(self._drain_tasks)
+        for task in removals:
+            task.cancel()  # each closes its engine's client on the way out
+        await asyncio.gather(*removals, return_exceptions=True)
         for handle in list(self._engines.values()):
             await handle.aclose()
         self._engines.clear()
@@ -332,6 +345,8 @@ class EngineRouter:
             self._mark_unhealthy(handle, error)
 
     def _mark_unhealthy(self, handle: EngineHandle, error: str) -> None:
+        if handle.state == "removed":  # a call that raced the removal: nothing to mark
+            return
         log.warning("engine %s (%s) is unhealthy: %s", handle.id, handle.url, error)
         was_draining = handle.state == "draining"
         handle.state = "unhealthy"
@@ -378,6 +393,8 @@ class EngineRouter:
                 except (EngineError, WeightSyncError) as exc:
                     handle.last_error = f"revival failed: {exc}"
                     continue
+                if handle.state != "unhealthy" or handle.id not in self._engines:
+                    continue  # removed while it was being synced
                 handle.state = "ready"
                 handle.failures = 0
                 self.events["revived"] += 1
@@ -490,9 +507,12 @@ class EngineRouter:
             async with self._sync_lock:
                 await self._bring_to_current_weights(handle)
         except (EngineError, WeightSyncError):
-            self._engines.pop(handle.id, None)
+            if self._engines.get(handle.id) is handle:
+                self._engines.pop(handle.id)
             await handle.aclose()
             raise
+        if handle.state != "syncing":  # remove_engine was called meanwhile: it owns the handle now
+            raise EngineClosed(url, f"engine {handle.id} was removed while it was being added")
         handle.state = "ready"
         self.events["added"] += 1
         await self._notify()
@@ -500,37 +520,57 @@ class EngineRouter:
 
     async def remove_engine(self, engine_id: str, *, drain: bool = True, wait: bool = True,
                             timeout_s: float | None = None) -> None:
-        """Drain an engine (no new sessions; bound sessions finish there), then remove it.
+        """Remove an engine without cutting anything off mid-call.
 
-        With ``wait=False`` the drain runs in the background and this returns at once.
+        1. It takes no new sessions; with ``drain`` its bound sessions finish there first (up to
+           ``timeout_s``; None waits for them).
+        2. It is marked ``removed``: no request, control call or health check is routed to it
+           any more.
+        3. Requests and control calls already in flight get up to ``close_grace_s`` to finish.
+        4. Its client closes. A call that still races the removal fails with
+           :class:`EngineClosed` (an :class:`EngineUnavailable`), never a closed-client crash.
+
+        Removing an engine that is already being removed joins that removal. With
+        ``wait=False`` the removal runs in the background and this returns at once.
         """
         handle = self._engines.get(engine_id)
-        if handle is None:
-            raise KeyError(engine_id)
-        if handle.state in ("ready", "syncing"):
-            handle.state = "draining"
-        if not handle.sessions or handle.state == "unhealthy" or not drain:
-            handle.draining_done.set()
-
-        async def finish() -> None:
-            try:
-                await asyncio.wait_for(handle.draining_done.wait(), timeout_s)
-            except TimeoutError:
-                log.warning("engine %s did not drain in %.0f s; removing it anyway", engine_id, timeout_s or 0)
-            for session in list(handle.sessions):
-                self._unbind(session)
-            handle.state = "removed"
-            self._engines.pop(engine_id, None)
-            self.events["removed"] += 1
-            await handle.aclose()
-            await self._notify()
-
-        if wait:
-            await finish()
-        else:
-            task = asyncio.create_task(finish(), name=f"drain-{engine_id}")
+        task = self._removals.get(engine_id)
+        if task is None:
+            if handle is None:
+                raise KeyError(engine_id)
+            if handle.state in ("ready", "syncing"):
+                handle.state = "draining"
+            if not handle.sessions or handle.state == "unhealthy" or not drain:
+                handle.draining_done.set()
+            task = asyncio.create_task(self._remove(handle, timeout_s), name=f"remove-{engine_id}")
+            self._removals[engine_id] = task
             self._drain_tasks.add(task)
             task.add_done_callback(self._drain_tasks.discard)
+            task.add_done_callback(lambda _t: self._removals.pop(engine_id, None))
+        if wait:
+            await asyncio.shield(task)
+
+    async def _remove(self, handle: EngineHandle, timeout_s: float | None) -> None:
+        try:
+            await asyncio.wait_for(handle.draining_done.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("engine %s did not drain in %.0f s; removing it anyway", handle.id, timeout_s or 0)
+        handle.state = "removed"
+        for session in list(handle.sessions):
+            self._unbind(session)
+        if self._engines.get(handle.id) is handle:
+            self._engines.pop(handle.id)
+        self.events["removed"] += 1
+        await self._notify()
+        try:
+            deadline = time.monotonic() + self.close_grace_s
+            while handle.busy and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if handle.busy:
+                log.warning("engine %s still had calls in flight %.0f s after its removal; closing it anyway",
+                            handle.id, self.close_grace_s)
+        finally:
+            await handle.aclose()
 
 
 __all__ = [
