@@ -80,7 +80,7 @@ class AlgorithmConfig(BaseModel):
     so a typo fails before any work starts, with an error naming the field.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf/nan coefs poison the loss
 
     # --- advantages ----------------------------------------------------------------------
     advantage_estimator: AdvantageEstimator = Field(

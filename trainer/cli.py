@@ -40,7 +40,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
 
 
 def run(args: argparse.Namespace) -> int:
-    from relax_gym.trainer.config import ConfigError, load_config
+    from relax_gym.trainer.config import ConfigError, check_envs, load_config
 
     try:
         config = load_config(args.config, args.overrides)
@@ -51,8 +51,13 @@ def run(args: argparse.Namespace) -> int:
         print(config.to_yaml(), end="")
         return 0
     try:
+        check_envs(config)  # before any model loads, engine starts or Ray cluster comes up
+    except ConfigError as exc:
+        print(f"relax-gym train: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
         summary = train(config, resume=args.resume)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigError) as exc:
         print(f"relax-gym train: {exc}", file=sys.stderr)
         return 2
     first = summary.first_eval.get("success")

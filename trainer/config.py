@@ -34,8 +34,13 @@ Sections (each documented field by field below):
 
 from __future__ import annotations
 
+import codecs
 import difflib
+import inspect
+import json
+import math
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +48,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from relax_gym.errors import RelaxGymError
+from relax_gym.errors import RegistrationError, RelaxGymError
 from relax_gym.trainer.algorithms import AlgorithmConfig
 
 # settings.py is plain pydantic (no training-config, torch or ray import), so embedding it here
@@ -60,7 +65,9 @@ class ConfigError(RelaxGymError, ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # allow_inf_nan=False: `lr: .inf`, `lr=nan` or `1e999` would validate against `gt=0` and
+    # poison the run (NaN weights, a schedule that never ends) instead of failing here
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -70,7 +77,7 @@ class TinyModelSpec(_Section):
     """A tiny random model built from a config with ``relax_gym.trainer.models.build_tiny_model``."""
 
     kind: Literal["qwen3", "qwen3_vl"] = Field("qwen3_vl", description="architecture to build")
-    seed: int = Field(0, description="weight initialisation seed")
+    seed: int = Field(0, ge=0, description="weight initialisation seed")
     tokenizer: Literal["qwen3", "tiny-bpe"] = Field("qwen3", description="the real Qwen3 tokenizer or a tiny BPE")
     text: dict[str, Any] = Field(default_factory=dict, description="text-config overrides (hidden_size, ...)")
     vision: dict[str, Any] = Field(default_factory=dict, description="Qwen3-VL vision-config overrides")
@@ -179,6 +186,11 @@ class RolloutSection(_Section):
     system_prompt: str | None = Field(None, description="prepended when the env sends no system message")
     think_policy: Literal["keep", "split"] = Field("keep", description="see the rollout manager")
     request_timeout_s: float = Field(300.0, gt=0, description="one /generate request")
+    max_env_error_rate: float = Field(
+        0.5, ge=0, le=1,
+        description="stop the run (exit 3) when more than this share of a step's episodes fail in the env "
+        "(reset/step raised, timed out or returned garbage) instead of training on nothing; 1 = never stop",
+    )
 
     @property
     def batch_size(self) -> int:
@@ -234,6 +246,13 @@ class OptimConfig(_Section):
     epochs: int = Field(1, ge=1, description="passes over the step's batch")
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward (gradient accumulation)")
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"each of train.betas must be in [0, 1) (AdamW's moment decay), got {list(value)}")
+        return value
 
 
 class WarmupConfig(_Section):
@@ -311,7 +330,7 @@ class TrainConfig(_Section):
 
     run_name: str = Field("run", description="name of the run (metrics, W&B)")
     output_dir: str = Field("runs/{run_name}", description="where everything goes; {run_name} is substituted")
-    seed: int = Field(0, description="seeds data order, sampling and initialisation")
+    seed: int = Field(0, ge=0, description="seeds data order, sampling and initialisation")
     deterministic: bool = Field(
         False, description="deterministic torch kernels and seeded engine sampling (bit-exact resume)"
     )
@@ -407,6 +426,106 @@ class TrainConfig(_Section):
 # ------------------------------------------------------------------------------------------------
 # loading, overrides and readable errors
 # ------------------------------------------------------------------------------------------------
+#: A training config is a few kilobytes. These bound what a broken or hostile file can cost before
+#: validation: its size, the values it expands to (YAML aliases can nest copies of copies) and
+#: its depth (an alias can even contain itself).
+MAX_CONFIG_BYTES = 4 << 20
+MAX_CONFIG_VALUES = 100_000
+MAX_CONFIG_DEPTH = 64
+#: Integers beyond int64 overflow in torch, NumPy and the engines' JSON.
+_INT_LIMIT = 2**63
+
+
+# libyaml's parser when PyYAML has it: fast, and it stops deep nesting itself (the pure-Python
+# scanner takes seconds on a few thousand nested brackets before its RecursionError)
+_SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_SafeLoader):  # type: ignore[misc, valid-type]
+    """PyYAML's safe loader, refusing a key given twice in one mapping (YAML keeps the last one
+    silently, so a second ``lr:`` further down would quietly win)."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[Any] = set()
+            for key_node, _value in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """(``"line:column"`` or ``""``, what is wrong) of a PyYAML error, without its multi-line layout."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        return "", _one_line(f"unacceptable character {exc.character!r} at byte {exc.position}: {exc.reason}")
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        text = exc.problem or exc.context or "syntax error"
+        if exc.context and exc.problem:
+            text = f"{exc.problem} ({exc.context})"
+        return where, _one_line(text)
+    return "", _one_line(str(exc)) or type(exc).__name__
+
+
+def _parse_yaml(text: str) -> Any:
+    """YAML text to Python values with :class:`_StrictLoader`; raises YAMLError or RecursionError."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _shown(file: Path) -> str:
+    """The file name as given, quoted when it holds characters that would break the line, and
+    shortened when it would drown the message."""
+    name = str(file)
+    name = name if name.isprintable() else repr(name)
+    return name if len(name) <= 300 else f"{name[:150]}...{name[-100:]}"
+
+
+def read_yaml_file(path: str | Path, *, what: str = "config file") -> Any:
+    """Read a YAML file for the CLI; every failure is a :class:`ConfigError` of one line naming the
+    file (and the line and column of a syntax error): missing, not a regular file, too large,
+    binary or not UTF-8, not valid YAML, nested too deeply."""
+    file = Path(path)
+    shown = _shown(file)
+    try:
+        if not file.exists():
+            raise ConfigError(f"{what} {shown!r} not found")
+        if not file.is_file():  # a folder, or a FIFO / device that would block or never end
+            raise ConfigError(f"{what} {shown!r} is not a regular file")
+        with file.open("rb") as fh:
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as exc:  # permissions, a name too long, an embedded NUL
+        raise ConfigError(f"{shown}: cannot read the {what}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{shown}: too large for a {what} (more than {MAX_CONFIG_BYTES >> 20} MiB)")
+    if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # also the UTF-32 marks
+        raise ConfigError(f"{shown}: UTF-16 or UTF-32 text; a {what} is YAML in UTF-8 (save it as UTF-8)")
+    nul = raw.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(f"{shown}: binary data (a NUL byte at offset {nul}), not a YAML {what}")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                          f"a {what} is YAML in UTF-8") from None
+    try:
+        return _parse_yaml(text)
+    except yaml.YAMLError as exc:
+        where, problem = _yaml_problem(exc)
+        raise ConfigError(f"{shown}:{where + ':' if where else ''} not valid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{shown}: nested too deeply to be a {what}") from None
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``"train.lr=3e-4"`` -> (["train", "lr"], 0.0003). The value is read as YAML."""
     if "=" not in item:
@@ -416,9 +535,12 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
         raise ConfigError(f"override {item!r}: {key!r} is not a dotted key such as train.lr")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _parse_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
+        _where, problem = _yaml_problem(exc)
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem})") from None
+    except RecursionError:
+        raise ConfigError(f"override {item!r}: the value is nested too deeply") from None
     if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
         value = float(value)  # YAML 1.1 reads "3e-4" as a string
     return key.split("."), value
@@ -462,6 +584,52 @@ def _fix_yaml_floats(data: Any) -> Any:
     return data
 
 
+def _leaf_problem(value: Any) -> str | None:
+    """What is wrong with one config value, if anything (every section, free-form ones included)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number (got {value!r})"
+    if isinstance(value, int) and abs(value) >= _INT_LIMIT:
+        return f"is out of range (got an integer of {len(str(abs(value)))} digits; at most 2**63 - 1)"
+    if isinstance(value, (bytes, bytearray)):
+        return "binary data (!!binary) is not a config value; use a string"
+    if isinstance(value, (set, frozenset)):
+        return "a set (!!set) is not a config value; use a list"
+    return None
+
+
+def check_values(data: Any, *, source: str | None = None) -> None:
+    """Refuse what no field may hold, wherever it is -- non-finite or int64-overflowing numbers,
+    binary data, sets -- and structures too large or too deep to be a config (YAML alias bombs,
+    self-referencing aliases), before anything copies or walks them recursively."""
+    problems: list[tuple[str, str]] = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(data, ())]
+    count = 0
+    prefix = f"{source}: " if source else ""
+    while stack:
+        node, path = stack.pop()
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{prefix}the config holds more than {MAX_CONFIG_VALUES} values "
+                              "(YAML aliases expanding into copies of copies?)")
+        if len(path) > MAX_CONFIG_DEPTH:
+            start = _one_line(".".join(str(p) for p in path[:4]))[:200]
+            raise ConfigError(f"{prefix}{start}...: nested more than {MAX_CONFIG_DEPTH} levels deep "
+                              "(a YAML alias that contains itself?)")
+        if isinstance(node, Mapping):
+            stack.extend((v, (*path, k)) for k, v in node.items())
+        elif isinstance(node, (list, tuple)):
+            stack.extend((v, (*path, i)) for i, v in enumerate(node))
+        else:
+            problem = _leaf_problem(node)
+            if problem is not None:
+                problems.append((_one_line(".".join(str(p) for p in path) or "(top level)"), problem))
+    if problems:
+        lines = [f"  {where}: {problem}" for where, problem in sorted(problems)]
+        raise ConfigError(f"{_heading(source)}\n" + "\n".join(lines))
+
+
 def _fields_at(model: type[BaseModel], path: Sequence[str | int]) -> list[str]:
     """Field names of the (nested) model at ``path``, for "did you mean" hints."""
     current: Any = model
@@ -483,7 +651,12 @@ def _fields_at(model: type[BaseModel], path: Sequence[str | int]) -> list[str]:
     return []
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel] = TrainConfig) -> str:
+def _heading(source: str | None) -> str:
+    return f"invalid training config {source}:" if source else "invalid training config:"
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel] = TrainConfig, *,
+                            source: str | None = None) -> str:
     """One line per problem: the dotted field, what is wrong, the allowed values, a suggestion."""
     lines = []
     for err in exc.errors():
@@ -502,36 +675,175 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel] = Train
             msg = f"must be one of {expected}"
         elif kind == "missing":
             msg = "is required"
+        elif kind == "finite_number":
+            msg = "must be a finite number"
         got = err.get("input")
         show_input = kind not in ("missing", "model_type") and not isinstance(got, (dict, list))
         suffix = f" (got {got!r})" if show_input else ""
         if kind == "value_error":
             msg = msg.removeprefix("Value error, ")
         lines.append(f"  {where}: {msg}{suffix}")
-    return "invalid training config:\n" + "\n".join(lines)
+    return f"{_heading(source)}\n" + "\n".join(lines)
 
 
-def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
-    """Validate a config mapping (plus overrides); raises :class:`ConfigError` with every problem."""
+def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = (), *,
+                     source: str | None = None) -> TrainConfig:
+    """Validate a config mapping (plus overrides); raises :class:`ConfigError` with every problem.
+    ``source`` (the file the mapping came from) is named in the message."""
+    check_values(data, source=source)  # bounded before apply_overrides copies it
     merged = _fix_yaml_floats(apply_overrides(dict(data), overrides))
+    check_values(merged, source=source)  # the overrides' values, and "1e999" that _fix_yaml_floats made inf
     try:
         return TrainConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc)) from None
+        raise ConfigError(format_validation_error(exc, source=source)) from None
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """Read a YAML training config, apply ``key.sub=value`` overrides and validate."""
     file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"config file {str(file)!r} not found")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    data = read_yaml_file(file)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{file}: the top level must be a mapping of sections, got {type(data).__name__}")
-    return config_from_dict(data, overrides)
+        raise ConfigError(f"{_shown(file)}: the top level must be a mapping of sections, got {type(data).__name__}")
+    return config_from_dict(data, overrides, source=_shown(file))
+
+
+# ------------------------------------------------------------------------------------------------
+# the envs a config names: built once before any model loads
+# ------------------------------------------------------------------------------------------------
+def check_envs(config: TrainConfig) -> None:
+    """Build every env the run will use once, with its kwargs, before any model loads or engine
+    starts: an unknown id, a misspelt kwarg or a bad kwarg value fails here as one
+    :class:`ConfigError` naming the config field (with close matches), instead of failing every
+    episode of the run. Imports ``async_rl.imports`` (async modes) and registers the entries'
+    ``entry_point`` envs first, as the run does. Building an env imports no model code."""
+    if config.is_async:
+        _import_modules(config.async_rl.imports)
+    _register_entry_points(config)
+    envs = _env_entries(config)
+    built: set[str] = set()
+    for where, env_id, kwargs in envs:
+        key = json.dumps([env_id, kwargs], sort_keys=True, default=repr)
+        if key not in built:
+            _build_env(where, env_id, kwargs)
+            built.add(key)
+    _check_per_env_rewards(config, sorted({env_id for _, env_id, _ in envs}))
+
+
+def _import_modules(names: Sequence[str]) -> None:
+    import importlib
+
+    for i, name in enumerate(names):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure of user code is a config error here
+            raise ConfigError(f"async_rl.imports.{i}: cannot import {name!r}: {_exc_line(exc)}") from None
+
+
+def _register_entry_points(config: TrainConfig) -> None:
+    """Register the envs that bring an ``entry_point`` (as the loop does), naming the entry on failure."""
+    import relax_gym
+
+    sections = [("data.envs", config.data.envs), ("eval.envs", config.eval.envs or [])]
+    for section, entries in sections:
+        for i, env in enumerate(entries):
+            if not env.entry_point or env.id in relax_gym.registry:
+                continue
+            try:
+                from relax_gym.trainer.loop.data import load_entry_point  # the loop's loader: same rules
+
+                relax_gym.register(env.id, entry_point=load_entry_point(env.entry_point))
+            except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
+                raise ConfigError(f"{section}.{i}.entry_point: cannot load {env.entry_point!r} for env "
+                                  f"{env.id!r}: {_exc_line(exc)}") from None
+
+
+def _env_entries(config: TrainConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    """(config field, env id, kwargs) of every env the run trains or evaluates on."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    for section, suite, entries in (("data", config.data.suite, config.data.envs),
+                                    ("eval", config.eval.suite, config.eval.envs or [])):
+        out.extend((f"{section}.envs.{i}", e.id, dict(e.kwargs)) for i, e in enumerate(entries))
+        if suite is not None:
+            out.extend(_suite_entries(f"{section}.suite", suite))
+    return out
+
+
+def _suite_entries(where: str, name: str) -> list[tuple[str, str, dict[str, Any]]]:
+    import relax_gym
+
+    try:
+        suite = relax_gym.make_suite(name)
+    except Exception as exc:  # noqa: BLE001 - RegistrationError, or a plugin's own error
+        raise ConfigError(f"{where}: {_exc_line(exc)}") from None
+    return [(f"{where} ({name!r})", env_id, dict(suite.env_kwargs.get(env_id, {}))) for env_id in suite.env_ids]
+
+
+def _build_env(where: str, env_id: str, kwargs: dict[str, Any]) -> None:
+    import relax_gym
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "resolved to ...-v0; pin the version": the run warns too
+            spec = relax_gym.spec(env_id)
+        factory = spec.load()
+    except Exception as exc:  # noqa: BLE001 - a malformed id, an unknown one, a plugin that cannot import
+        message = _exc_line(exc).replace(f"no environment registered as {env_id!r}",
+                                         f"env {env_id!r} is not registered", 1)
+        raise ConfigError(f"{where}.id: {message}") from None
+    accepted = _accepted_kwargs(factory)
+    if accepted is not None:
+        for name in kwargs:
+            if name not in accepted:
+                close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{where}.kwargs: env {env_id!r} does not accept kwarg {name!r}{hint} "
+                                  f"(accepted: {', '.join(accepted) or 'none'})")
+    try:
+        env = relax_gym.make(spec, **kwargs)
+    except RegistrationError as exc:  # "<id>: cannot build with arguments {...}: <why>"
+        raise ConfigError(f"{where}: {_exc_line(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - an env constructor may raise anything
+        shown = repr(kwargs)
+        shown = shown if len(shown) <= 200 else shown[:200] + "...}"
+        raise ConfigError(f"{where}: env {env_id!r} cannot be built with kwargs {shown}: {_exc_line(exc)}") from None
+    try:
+        env.close()
+    except Exception:  # noqa: BLE001, S110 - building it was the check
+        pass
+
+
+def _accepted_kwargs(factory: Any) -> list[str] | None:
+    """The keyword arguments an env's class or factory takes; None when it takes ``**kwargs``
+    or has no readable signature (then only building it checks them)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds]
+
+
+def _check_per_env_rewards(config: TrainConfig, env_ids: list[str]) -> None:
+    """A ``rewards.per_env`` key that names no env of the run would silently never apply."""
+    for key in config.rewards.per_env:
+        if key not in env_ids:
+            close = difflib.get_close_matches(key, env_ids, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"rewards.per_env: {key!r} is not an env of this run{hint} "
+                              f"(its envs: {', '.join(env_ids)})")
+
+
+def _exc_line(exc: BaseException) -> str:
+    """An exception as one line: its message, or its type when the message is empty."""
+    text = _one_line(str(exc))
+    if not text:
+        return type(exc).__name__
+    return text if isinstance(exc, RelaxGymError) else f"{type(exc).__name__}: {text}"
 
 
 __all__ = [
@@ -557,8 +869,11 @@ __all__ = [
     "WandbConfig",
     "WarmupConfig",
     "apply_overrides",
+    "check_envs",
+    "check_values",
     "config_from_dict",
     "format_validation_error",
     "load_config",
     "parse_override",
+    "read_yaml_file",
 ]

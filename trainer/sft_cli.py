@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from relax_gym.trainer.config import ConfigError, load_config
+    from relax_gym.trainer.config import ConfigError, check_envs, load_config
 
     overrides = ["warmup.enabled=true", *args.overrides]
     try:
@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             out = args.out
         config = load_config(args.config, [*overrides, f"warmup.save_to={out}"])
+        check_envs(config)  # a bad env id or kwarg fails before the model loads
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2

@@ -39,7 +39,7 @@ import torch
 from relax_gym.rewards import RewardComposer
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, TrainerBackend
 from relax_gym.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
-from relax_gym.trainer.config import EnvEntry, TrainConfig
+from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
@@ -149,6 +149,7 @@ class Trainer:
     # ============================================================================================
     def _setup(self) -> None:
         c = self.config
+        check_envs(c)  # every env built once: a bad id or kwarg fails before the model loads
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(c.to_yaml(), encoding="utf-8")
         if c.threads:

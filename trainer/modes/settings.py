@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # allow_inf_nan=False: `step_timeout_s: .inf` or `num_cpus: nan` would pass `gt=0` / `ge=0`
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class RoleResources(_Section):
