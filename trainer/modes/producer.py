@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.trainer.config import TrainConfig
+from relax_gym.trainer.env_errors import EnvErrorRateExceeded, EnvErrorWindow
 from relax_gym.trainer.loop.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.loop.data import EpisodeSampler, envs_of_suite
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
@@ -115,6 +116,9 @@ class RolloutProducer:
         self._put_lock: asyncio.Lock | None = None
         self._reward_failures_in_a_row = 0
         self._fatal: BaseException | None = None
+        # a step's worth of finished episodes: a group failing whole is redrawn, so a broken env
+        # would otherwise keep the producer busy (and the trainer waiting) until step_timeout_s
+        self.env_errors = EnvErrorWindow(config.rollout.batch_size, config.rollout.max_env_error_rate)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     @property
@@ -239,6 +243,8 @@ class RolloutProducer:
                 async with self.cond:
                     self._regen.append(spec)
                 return
+            if await self._env_errors_exceeded(trajs):
+                return  # stays pending; check() raises for the trainer
             await self._finish_group(spec, trajs)
             self.timeline.append((start, time.time(), version))
             if len(self.timeline) > 20000:
@@ -255,6 +261,21 @@ class RolloutProducer:
             self._in_flight.pop(spec.group, None)
             async with self.cond:
                 self.cond.notify_all()
+
+    async def _env_errors_exceeded(self, trajs: list[Trajectory]) -> bool:
+        """Record the group's episodes; past ``rollout.max_env_error_rate`` over the last step's
+        worth of them, stop producing (the run stops with :class:`EnvErrorRateExceeded`)."""
+        self.env_errors.add(trajs)
+        try:
+            self.env_errors.check(f"rollout (the last {self.env_errors.size} finished episodes)", require_full=True)
+        except EnvErrorRateExceeded as exc:
+            self.counts["env_error_stop"] += 1
+            self._fatal = exc
+            self._stopping = True
+            async with self.cond:
+                self.cond.notify_all()
+            return True
+        return False
 
     async def _finish_group(self, spec: EpisodeSpec, trajs: list[Trajectory]) -> None:
         c = self.config
@@ -338,6 +359,8 @@ class RolloutProducer:
 
     def check(self) -> None:
         """Raise when production has stopped for good (the trainer would wait forever)."""
+        if isinstance(self._fatal, EnvErrorRateExceeded):
+            raise self._fatal
         if self._fatal is not None:
             raise RuntimeError(f"rollout production stopped: {self._fatal}") from self._fatal
         if self._error is not None and (self._loop_task is None or self._loop_task.done()):
