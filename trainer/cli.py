@@ -41,6 +41,7 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
 
 def run(args: argparse.Namespace) -> int:
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
+    from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
 
     try:
         config = load_config(args.config, args.overrides)
@@ -60,6 +61,12 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ConfigError) as exc:
         print(f"relax-gym train: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        stop = find_env_error_stop(exc)  # also when a Ray actor raised it
+        if stop is None:
+            raise
+        print(f"relax-gym train: stopped: {stop}", file=sys.stderr)
+        return EXIT_CODE
     first = summary.first_eval.get("success")
     final = summary.final_eval.get("success")
     line = f"done ({config.mode}): {summary.steps} RL steps in {summary.elapsed_s / 60:.1f} min; outputs in {summary.out_dir}"

@@ -40,6 +40,7 @@ from relax_gym.rewards import RewardComposer
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, TrainerBackend
 from relax_gym.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
 from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
+from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
@@ -113,6 +114,7 @@ def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
 def config_hash(config: TrainConfig) -> str:
     """Hash of what must not change across a resume (the rest -- steps, logging -- may)."""
     keep = config.model_dump(mode="json", include={"model", "data", "rollout", "algorithm", "rewards", "seed"})
+    keep["rollout"].pop("max_env_error_rate", None)  # a stopping rule, not what is trained on
     return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -287,6 +289,8 @@ class Trainer:
             return dict(self.last_eval)  # same weights, same episodes: same result
         start = time.perf_counter()
         trajs = await self._generate(list(self.eval_episodes), f"eval-v{self.state.weight_version}", evaluation=True)
+        check_env_errors(trajs, self.config.rollout.max_env_error_rate,
+                         f"evaluation at weight version {self.state.weight_version}")
         ok = [t for t in trajs if t.stop_reason not in ("engine_error", "aborted")]
         metrics: dict[str, float] = {
             "success": float(np.mean([t.success for t in ok])) if ok else 0.0,
@@ -362,6 +366,7 @@ class Trainer:
                 dropped[reason] = dropped.get(reason, 0) + n
             kept.extend(sel.kept)
             rounds += 1
+        check_env_errors(all_trajs, c.rollout.max_env_error_rate, f"RL step {step}")
         if len(kept) > want:  # keep whole extra groups for the next step rather than waste them
             self.buffer = [s.traj for g in kept[want:] for s in g]
             kept = kept[:want]

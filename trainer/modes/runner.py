@@ -245,6 +245,7 @@ class AsyncRunner:
                 metrics["time/step_wall"] = time.time() - start
                 await self._collect_timeline(roles)
                 await roles.learner.end_step(step, metrics)
+                await roles.rollout.check()  # e.g. the env error rate stopped the producer
                 if await roles.learner.checkpoint_due(step):
                     await self._checkpoint(roles, f"step_{step:06d}")
             if pending is not None:
