@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, Field, ValidationError
 from torch import Tensor
 
 from relax_gym.errors import RelaxGymError
@@ -41,6 +42,7 @@ from relax_gym.trainer.backend import (
     TrainerBackend,
     micro_batches,
 )
+from relax_gym.trainer.safe_state import StateFileError, load_tree, save_tree
 
 #: files copied from the source model folder next to exported weights (tokenizer, processor)
 SIDE_FILES = (
@@ -50,8 +52,37 @@ SIDE_FILES = (
 )
 
 
+#: the AdamW state inside a saved backend state (see :meth:`TorchBackend.save_state`)
+OPTIMIZER_FILE = "optimizer.safetensors"
+_OPTIMIZER_KIND = "torch_optimizer"
+
+
 class BackendError(RelaxGymError, RuntimeError):
     """The backend cannot load a model or a saved state."""
+
+
+class _SavedMeta(BaseModel):
+    """``backend.json`` of a saved state."""
+
+    version: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    dtype: str = "float32"
+    optimizer_settings: OptimizerSettings
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _read_meta(file: Path) -> _SavedMeta:
+    try:
+        return _SavedMeta.model_validate_json(file.read_bytes())
+    except OSError as exc:
+        raise BackendError(f"{file}: unreadable ({_one_line(exc)})") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(top)"
+        raise BackendError(f"{file}: {where}: {err['msg']}") from None
 
 
 def _model_class(config: Any) -> Any:
@@ -258,38 +289,79 @@ class TorchBackend(TrainerBackend):
         return out
 
     def save_state(self, path: str | Path) -> None:
+        """Weights (``model.safetensors``), AdamW state (``optimizer.safetensors``, a
+        :mod:`~relax_gym.trainer.safe_state` tree) and counters (``backend.json``): no pickles."""
         from safetensors.torch import save_file
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         save_file({n: t.contiguous().cpu() for n, t in self.named_weights()}, str(out / "model.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / "optimizer.pt")
+        save_tree({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / OPTIMIZER_FILE,
+                  kind=_OPTIMIZER_KIND)
         (out / "backend.json").write_text(json.dumps({
             "version": self.version, "updates": self.updates, "dtype": self.dtype,
             "optimizer_settings": {**self.optim_settings.__dict__, "betas": list(self.optim_settings.betas)},
         }, indent=2), encoding="utf-8")
 
     def load_state(self, path: str | Path) -> None:
-        from safetensors.torch import load_file
-
+        """Inverse of :meth:`save_state`; reads JSON and safetensors only. Every failure is a
+        one-line :class:`BackendError` naming the file."""
         src = Path(path)
         if not (src / "model.safetensors").is_file():
             raise BackendError(f"{src}: no model.safetensors (not a saved backend state)")
-        weights = load_file(str(src / "model.safetensors"))
-        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        meta = _read_meta(src / "backend.json")
+        self._load_weights(src / "model.safetensors")
+        self.configure_optimizer(meta.optimizer_settings)
+        if (src / OPTIMIZER_FILE).is_file():
+            try:
+                tree = load_tree(src / OPTIMIZER_FILE, kind=_OPTIMIZER_KIND, device=self.device)
+            except StateFileError as exc:
+                raise BackendError(str(exc)) from None
+            self._load_optimizer(tree, src / OPTIMIZER_FILE)
+        self.updates = meta.updates
+        self.version = meta.version
+
+    def _load_weights(self, file: Path) -> None:
+        from safetensors.torch import load_file
+
+        try:
+            weights = load_file(str(file))
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types on a bad file
+            raise BackendError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+        try:
+            missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        except RuntimeError as exc:  # wrong shapes
+            raise BackendError(f"{file}: state does not fit the model ({_one_line(exc)[:300]})") from None
         tied = {n for n, _ in self.model.state_dict().items()} - set(weights)
         real_missing = [m for m in missing if m not in tied or not self._is_tied(m)]
         if unexpected or real_missing:
-            raise BackendError(f"{src}: state does not fit the model (missing {real_missing[:5]}, unexpected {unexpected[:5]})")
-        meta = json.loads((src / "backend.json").read_text(encoding="utf-8"))
-        settings = dict(meta["optimizer_settings"])
-        settings["betas"] = tuple(settings["betas"])
-        self.configure_optimizer(OptimizerSettings(**settings))
-        if (src / "optimizer.pt").is_file():
-            state = torch.load(src / "optimizer.pt", map_location=self.device, weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.updates = int(meta["updates"])
-        self.version = int(meta["version"])
+            raise BackendError(f"{file}: state does not fit the model (missing {real_missing[:5]}, unexpected {unexpected[:5]})")
+
+    def _load_optimizer(self, tree: Any, file: Path) -> None:
+        """Load a saved AdamW state after checking it belongs to this model's parameters."""
+        state = tree.get("optimizer") if isinstance(tree, dict) else None
+        if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
+                or not isinstance(state.get("param_groups"), list):
+            raise BackendError(f"{file}: not an optimizer state")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        try:
+            order = [i for g in state["param_groups"] for i in g["params"]]
+        except (KeyError, TypeError):
+            raise BackendError(f"{file}: optimizer param_groups without params") from None
+        if len(order) != len(params):
+            raise BackendError(f"{file}: optimizer state for {len(order)} parameters, the model has {len(params)}")
+        by_id = dict(zip(order, params, strict=True))
+        for pid, pstate in state["state"].items():
+            if pid not in by_id or not isinstance(pstate, dict):
+                raise BackendError(f"{file}: optimizer state for unknown parameter {pid!r}")
+            for key, value in pstate.items():
+                if isinstance(value, Tensor) and value.dim() > 0 and value.shape != by_id[pid].shape:
+                    raise BackendError(f"{file}: optimizer {key} of parameter {pid} has shape {tuple(value.shape)}, "
+                                       f"the parameter {tuple(by_id[pid].shape)}")
+        try:
+            self.optimizer.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise BackendError(f"{file}: does not fit the optimizer ({_one_line(exc)})") from None
 
     def _is_tied(self, name: str) -> bool:
         emb = self.model.get_input_embeddings()
@@ -311,4 +383,4 @@ def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
     )
 
 
-__all__ = ["SIDE_FILES", "BackendError", "TorchBackend"]
+__all__ = ["OPTIMIZER_FILE", "SIDE_FILES", "BackendError", "TorchBackend"]
