@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from pydantic import BaseModel, Field, ValidationError
 from relax_gym.trainer.algorithms import merge_metrics
 from relax_gym.trainer.backend import (
     LogprobResult,
@@ -473,23 +474,52 @@ class MegatronBackend(TrainerBackend):
         dist.barrier()
 
     def load_state(self, path: str | Path) -> None:
-        from megatron.core import dist_checkpointing
+        """Inverse of :meth:`save_state`, reading nothing as a pickle (``backend.json`` by
+        pydantic, the distributed checkpoint by :func:`.safe_checkpoint.safe_load`). Every failure
+        is a one-line :class:`MegatronBackendError` naming the file."""
+        from relax_gym.trainer.megatron.safe_checkpoint import UnsafeCheckpointError, safe_load
 
         src = Path(path)
         ckpt = src / "megatron"
         if not (src / "backend.json").is_file() or not ckpt.is_dir():
             raise MegatronBackendError(f"{src}: not a saved Megatron backend state")
-        meta = json.loads((src / "backend.json").read_text(encoding="utf-8"))
-        settings = dict(meta["optimizer_settings"])
-        settings["betas"] = tuple(settings["betas"])
-        self.configure_optimizer(OptimizerSettings(**settings))
+        meta = _read_meta(src / "backend.json")
+        self.configure_optimizer(meta.optimizer_settings)
         state = {"model": self.module.sharded_state_dict()}
         state["optimizer"] = self.optimizer.sharded_state_dict(state["model"], is_loading=True)
-        loaded = dist_checkpointing.load(state, str(ckpt))
-        self.module.load_state_dict(loaded["model"])
-        self.optimizer.load_state_dict(loaded["optimizer"])
-        self.updates = int(meta["updates"])
-        self.version = int(meta["version"])
+        try:
+            loaded = safe_load(state, ckpt)
+            self.module.load_state_dict(loaded["model"])
+            self.optimizer.load_state_dict(loaded["optimizer"])
+        except UnsafeCheckpointError as exc:
+            raise MegatronBackendError(_one_line(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - megatron and DCP raise many types on bad data
+            raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({_one_line(exc)[:300]})") from None
+        self.updates = meta.updates
+        self.version = meta.version
+
+
+class _SavedMeta(BaseModel):
+    """``backend.json`` of a saved Megatron state."""
+
+    version: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    optimizer_settings: OptimizerSettings
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _read_meta(file: Path) -> _SavedMeta:
+    try:
+        return _SavedMeta.model_validate_json(file.read_bytes())
+    except OSError as exc:
+        raise MegatronBackendError(f"{file}: unreadable ({_one_line(exc)})") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(top)"
+        raise MegatronBackendError(f"{file}: {where}: {err['msg']}") from None
 
 
 def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
