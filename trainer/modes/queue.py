@@ -34,6 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from relax_gym.trainer.rollout import Trajectory
 
 from relax_gym.errors import RelaxGymError
@@ -406,13 +407,14 @@ class TrajectoryQueue:
                         "evicted_ids": list(self.evicted_ids)}
 
     def restore(self, groups: list[QueuedGroup], state: dict[str, Any]) -> None:
-        """Inverse of :meth:`snapshot` on an empty queue."""
+        """Inverse of :meth:`snapshot` on an empty queue (``state`` is checked by :func:`check_queue_state`)."""
         if self._groups:
             raise QueueError("restore() needs an empty queue")
+        state = check_queue_state(state)
         self.version = int(state.get("version", self.version))
-        self.counts = Counter({k: int(v) for k, v in dict(state.get("counts", {})).items()})
+        self.counts = Counter(dict(state.get("counts", {})))
         self._seq = int(state.get("seq", 0))
-        self.evicted_ids = [str(g) for g in state.get("evicted_ids", [])]
+        self.evicted_ids = list(state.get("evicted_ids", []))
         for group in sorted(groups, key=lambda g: g.seq):
             self._groups[group.group_id] = group
             self._seen.add(group.group_id)
@@ -435,21 +437,59 @@ def groups_to_trajectories(groups: list[QueuedGroup]) -> list[Trajectory]:
     return out
 
 
+class _QueueRecord(BaseModel):
+    """The queue fields a checkpointed trajectory carries in its metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+    group_id: str
+    seq: int = Field(ge=0)
+    put_version: int
+    reward: float
+    components: dict[str, float] = Field(default_factory=dict)
+
+
+class _QueueState(BaseModel):
+    """The counters :meth:`TrajectoryQueue.snapshot` returns beside the groups."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: int = 0
+    counts: dict[str, int] = Field(default_factory=dict)
+    seq: int = Field(0, ge=0)
+    evicted_ids: list[str] = Field(default_factory=list)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(x) for x in err['loc']) or '(top)'}: {err['msg']}"
+
+
+def check_queue_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (from a checkpoint) checked field by field; raises :class:`QueueError`."""
+    if not state:
+        return {}
+    try:
+        return _QueueState.model_validate(state).model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        raise QueueError(f"queue state {_first_error(exc)}") from None
+
+
 def groups_from_trajectories(trajectories: list[Trajectory]) -> list[QueuedGroup]:
-    """Inverse of :func:`groups_to_trajectories`."""
+    """Inverse of :func:`groups_to_trajectories`; a malformed queue record is a :class:`QueueError`."""
     groups: dict[str, QueuedGroup] = {}
     for traj in trajectories:
         meta = dict(traj.metadata)
-        info = meta.pop(_META_KEY, None)
-        if not isinstance(info, dict):
+        raw = meta.pop(_META_KEY, None)
+        if not isinstance(raw, dict):
             raise QueueError(f"trajectory {traj.episode_id} carries no queue record; not a queue checkpoint")
+        try:
+            info = _QueueRecord.model_validate(raw)
+        except ValidationError as exc:
+            raise QueueError(f"trajectory {traj.episode_id}: queue record {_first_error(exc)}") from None
         clean = dataclasses.replace(traj, metadata=meta)
-        gid = str(info["group_id"])
-        group = groups.get(gid)
+        group = groups.get(info.group_id)
         if group is None:
-            group = groups[gid] = QueuedGroup(gid, [], seq=int(info["seq"]), put_version=int(info["put_version"]))
-        group.samples.append(QueuedSample(clean, float(info["reward"]),
-                                          {k: float(v) for k, v in dict(info.get("components", {})).items()}))
+            group = groups[info.group_id] = QueuedGroup(info.group_id, [], seq=info.seq, put_version=info.put_version)
+        group.samples.append(QueuedSample(clean, info.reward, dict(info.components)))
     return sorted(groups.values(), key=lambda g: g.seq)
 
 
@@ -463,6 +503,7 @@ __all__ = [
     "QueuedSample",
     "StalePolicy",
     "TrajectoryQueue",
+    "check_queue_state",
     "groups_from_trajectories",
     "groups_to_trajectories",
 ]
