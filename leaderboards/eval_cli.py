@@ -17,7 +17,14 @@ import os
 import sys
 from typing import Any
 
-from relax_gym.cli.common import fail, parse_kwargs
+from relax_gym.cli.common import (
+    fail,
+    non_negative_float,
+    parse_kwargs,
+    positive_float,
+    positive_int,
+    probability,
+)
 from relax_gym.errors import RelaxGymError
 
 
@@ -32,21 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--env", action="append", dest="envs", metavar="ENV_ID", help="an env id (repeatable), instead of --suite"
     )
-    what.add_argument("--episodes", type=int, help="episodes (seeds) per env (default: the suite's, or 10)")
-    what.add_argument("--attempts", type=int, default=1, help="attempts per episode, for pass@k / pass^k (default 1)")
+    what.add_argument("--episodes", type=positive_int, help="episodes (seeds) per env (default: the suite's, or 10)")
+    what.add_argument("--attempts", type=positive_int, default=1, help="attempts per episode, for pass@k / pass^k (default 1)")
     what.add_argument("--seed", type=int, help="the seed the episode seeds derive from (default: the suite's, or 0)")
-    what.add_argument("--max-turns", type=int, help="override every env's turn limit")
+    what.add_argument("--max-turns", type=positive_int, help="override every env's turn limit")
     what.add_argument("-k", "--env-kwarg", action="append", metavar="ENV_ID:KEY=VALUE", help="an env constructor kwarg")
     who = parser.add_argument_group("the agent")
     who.add_argument("--agent", required=True, help="agent spec (see below)")
     who.add_argument("--model", help="served model name (openai:) or model folder (sglang:, for its tokenizer)")
     who.add_argument("--tokenizer", help="tokenizer / chat-template folder when it is not --model (sglang:, hf:)")
     who.add_argument("--api-key", help="bearer token (default: $RELAX_GYM_API_KEY, then $OPENAI_API_KEY)")
-    who.add_argument("--temperature", type=float, default=0.0)
-    who.add_argument("--top-p", type=float, default=1.0)
+    who.add_argument("--temperature", type=non_negative_float, default=0.0)
+    who.add_argument("--top-p", type=probability, default=1.0)
     who.add_argument("--top-k", type=int, default=-1)
-    who.add_argument("--min-p", type=float, default=0.0)
-    who.add_argument("--max-tokens", type=int, default=512, help="max new tokens per turn (default 512)")
+    who.add_argument("--min-p", type=probability, default=0.0)
+    who.add_argument("--max-tokens", type=positive_int, default=512, help="max new tokens per turn (default 512)")
     who.add_argument(
         "--thinking",
         choices=["on", "off", "default"],
@@ -56,11 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--sampling-seed", type=int, default=0, help="base of the per-episode sampling seeds")
     who.add_argument("--tool-parser", default="hermes", help="tool-call parser for sglang:/hf: (default hermes)")
     who.add_argument("--system-prompt", help="a system message put before every episode")
-    who.add_argument("--timeout", type=float, default=300.0, help="seconds per model request (default 300)")
+    who.add_argument("--timeout", type=positive_float, default=300.0, help="seconds per model request (default 300)")
     run = parser.add_argument_group("the run")
     run.add_argument("--out", required=True, help="output folder")
     run.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished episodes")
-    run.add_argument("--concurrency", type=int, default=8, help="episodes in flight (default 8)")
+    run.add_argument("--concurrency", type=positive_int, default=8, help="episodes in flight (default 8)")
     run.add_argument("--baselines", help="JSON file of random/oracle baselines for envs without stored ones")
     run.add_argument("--label", help="the name shown on leaderboards (default: --model or the agent spec)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -36,13 +36,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
+    from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
     from relax_gym.trainer.loop import train
 
     try:
         summary = train(config, resume=args.resume, rl=False)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigError) as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        stop = find_env_error_stop(exc)
+        if stop is None:
+            raise
+        print(f"relax-gym sft: stopped: {stop}", file=sys.stderr)
+        return EXIT_CODE
     first = summary.first_eval.get("success")
     final = summary.final_eval.get("success")
     msg = f"SFT done; model written to {out}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 from typing import Any
 
@@ -22,6 +24,53 @@ def parse_kwargs(pairs: list[str] | None) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = raw
     return out
+
+
+def finite_float(raw: str) -> float:
+    """argparse type: a finite float (``nan``, ``inf`` and ``1e999`` are refused, since a
+    non-finite temperature or timeout silently breaks sampling or never fires)."""
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a finite number")
+    return value
+
+
+def non_negative_float(raw: str) -> float:
+    """argparse type: a finite float >= 0."""
+    value = finite_float(raw)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be >= 0")
+    return value
+
+
+def positive_float(raw: str) -> float:
+    """argparse type: a finite float > 0 (timeouts, limits)."""
+    value = finite_float(raw)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be > 0")
+    return value
+
+
+def probability(raw: str) -> float:
+    """argparse type: a finite float in [0, 1] (top-p, min-p)."""
+    value = finite_float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be in [0, 1]")
+    return value
+
+
+def positive_int(raw: str) -> int:
+    """argparse type: an integer >= 1 (counts: episodes, attempts, concurrency)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r} must be >= 1")
+    return value
 
 
 def fail(message: str, code: int = 1) -> int:
