@@ -1,4 +1,4 @@
-"""``relax-gym train CONFIG [key.sub=value ...] [--resume]``: run a training config, any mode.
+"""``relax-gym train CONFIG [key.sub=value ...] [--resume [STEP]]``: run a training config, any mode.
 
 The config (YAML) and the overrides are validated before anything starts; a bad field exits
 with status 2 and one line per problem (the dotted field, what is wrong, the allowed values).
@@ -23,12 +23,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted overrides applied on top of the file, e.g. train.steps=20 train.lr=1e-5 "
                         "mode=fully_async async_rl.max_staleness=2")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in the run's output_dir")
+    parser.add_argument("--resume", nargs="?", const=True, default=False, metavar="STEP",
+                        help="continue from a checkpoint in the run's output_dir: without STEP the newest one "
+                        "that passes its checks, else STEP (an RL step number, a checkpoint name such as "
+                        "warmup_000010, or a path)")
     parser.add_argument("--print-config", action="store_true", help="print the validated config and exit")
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+def train(config: TrainConfig, *, resume: bool | str = False) -> RunSummary:
     """Run ``config`` to the end with the runner of its ``mode`` (blocking)."""
     if config.is_async:
         from relax_gym.trainer.modes.runner import train as async_train
@@ -39,7 +41,15 @@ def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
     return colocate_train(config, resume=resume)
 
 
+def _override_after_resume(args: argparse.Namespace) -> None:
+    """``--resume key=value`` took an override for its STEP: hand it back to the overrides."""
+    if isinstance(args.resume, str) and "=" in args.resume:
+        args.overrides.append(args.resume)
+        args.resume = True
+
+
 def run(args: argparse.Namespace) -> int:
+    _override_after_resume(args)
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
     from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
 
@@ -57,7 +67,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"relax-gym train: config error: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = train(config, resume=args.resume)
+        try:
+            summary = train(config, resume=args.resume)
+        except Exception as exc:  # noqa: BLE001 - only a checkpoint problem is handled here
+            from relax_gym.trainer.checkpoint import find_checkpoint_error
+
+            bad = find_checkpoint_error(exc)  # also when a Ray actor raised it
+            if bad is None:
+                raise
+            print(f"relax-gym train: {bad}", file=sys.stderr)
+            return 2
     except (FileNotFoundError, ConfigError) as exc:
         print(f"relax-gym train: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,15 @@ import torch
 
 from relax_gym.rewards import RewardComposer
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, TrainerBackend
-from relax_gym.trainer.checkpoint import TrainerState, latest_checkpoint, load_checkpoint, save_checkpoint
+from relax_gym.trainer.checkpoint import (
+    CheckpointError,
+    CheckpointMismatchError,
+    Resume,
+    TrainerState,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+)
 from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
@@ -131,9 +139,10 @@ class RunSummary:
 class Trainer:
     """A whole training run (warm-up SFT, then RL) in colocate mode."""
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, rl: bool = True) -> None:
+    def __init__(self, config: TrainConfig, *, resume: Resume = False, rl: bool = True) -> None:
         self.config = config
-        self.resume = resume
+        self.resume = resume  # False, True (the newest valid checkpoint) or a step / name / path
+        self._resume_from: Path | None = None  # the checkpoint chosen (and verified) in _setup
         self.do_rl = rl
         self.out = config.out_dir
         self.state = TrainerState()
@@ -152,6 +161,8 @@ class Trainer:
     def _setup(self) -> None:
         c = self.config
         check_envs(c)  # every env built once: a bad id or kwarg fails before the model loads
+        if self.resume:  # before the model loads: a missing or corrupt checkpoint fails fast
+            self._resume_from = resolve_checkpoint(self.out, self.resume)
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.yaml").write_text(c.to_yaml(), encoding="utf-8")
         if c.threads:
@@ -187,22 +198,24 @@ class Trainer:
             self._restore()
 
     def _restore(self) -> None:
-        folder = latest_checkpoint(self.out)
-        if folder is None:
-            raise FileNotFoundError(f"--resume: no complete checkpoint under {self.out / 'checkpoints'}")
-        state, buffer = load_checkpoint(folder, self.backend)
+        folder = self._resume_from
+        assert folder is not None, "_setup resolves the checkpoint first"
+        state, buffer = load_checkpoint(folder, self.backend, verify=False)  # verified by resolve_checkpoint
         if state.config_hash and state.config_hash != self.state.config_hash:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"--resume: {folder} was written by a run with a different model/data/rollout/algorithm/rewards "
                 "config; start a new output_dir or restore the original config"
             )
         self.state = state
         self.buffer = buffer
-        self.sampler.load_state_dict(state.sampler)
-        if self.warmup is not None:
-            self.warmup.load_state_dict(state.extra.get("warmup", {}))
-        self.first_eval = dict(state.extra.get("first_eval", {}))
-        self.last_eval = dict(state.extra.get("last_eval", {}))
+        try:
+            self.sampler.load_state_dict(state.sampler)
+            if self.warmup is not None:
+                self.warmup.load_state_dict(state.extra.get("warmup", {}))
+            self.first_eval = dict(state.extra.get("first_eval", {}))
+            self.last_eval = dict(state.extra.get("last_eval", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{folder / 'trainer_state.json'}: sampler or warm-up state: {exc}") from None
         self._synced_version = -1  # fresh engines serve the starting model: push the restored weights
         self._resync_same_version = True  # ... under the version number they had when saved
         log.warning("resumed from %s (RL step %d, warm-up step %d)", folder, state.step, state.warmup_step)
@@ -571,7 +584,7 @@ class Trainer:
             self._checkpoint(f"warmup_{sft_step:06d}")
 
 
-def train(config: TrainConfig, *, resume: bool = False, rl: bool = True) -> RunSummary:
+def train(config: TrainConfig, *, resume: Resume = False, rl: bool = True) -> RunSummary:
     """Run a training run to the end (blocking).
 
     SIGTERM (and Ctrl-C) cancel the run cleanly: the engines it started are stopped and the

@@ -92,7 +92,7 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
     if kind == "learner":
         from .learner import Learner
 
-        return Learner(config, resume=bool(kw.get("resume", False)))
+        return Learner(config, resume=kw.get("resume", False))  # True or a step / checkpoint name
     if kind == "engine":
         return EngineHost(**kw)
     if kind == "queue":

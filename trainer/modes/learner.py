@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
-from relax_gym.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from relax_gym.trainer.checkpoint import CheckpointError, Resume, save_checkpoint
 from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.loop import Trainer
 from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
-from .queue import Batch, QueuedGroup, groups_from_trajectories, groups_to_trajectories
+from .queue import Batch, QueuedGroup, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
 from .weight_sync import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
 
 log = logging.getLogger("relax_gym.trainer.modes")
@@ -63,7 +63,7 @@ class Learner(Trainer):
 
     config: TrainConfig
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, engine_urls: list[str] | None = None,
+    def __init__(self, config: TrainConfig, *, resume: Resume = False, engine_urls: list[str] | None = None,
                  api_key: str | None = None, inline_logprobs: bool | None = None) -> None:
         super().__init__(config, resume=resume, rl=True)
         self.engine_urls = list(engine_urls) if engine_urls is not None else None
@@ -214,7 +214,7 @@ class Learner(Trainer):
             await self.publisher.publish(self.state.weight_version)
             self._synced_version = self.backend.version
             self._truncate_ledger(self.state.step)
-            self.restored_from = str(latest_checkpoint(self.out))
+            self.restored_from = str(self._resume_from)
         else:
             self._synced_version = -1  # engines may serve anything (shared or external): push ours
         self.do_rl = False
@@ -234,11 +234,15 @@ class Learner(Trainer):
         if self.needs_reference:
             await asyncio.to_thread(self._reference)  # the policy at RL start, for workers and inline use
         extra = self.state.extra.get("async", {}) if self.resume else {}
-        queue_groups = groups_from_trajectories(self.buffer) if self.buffer else []
+        try:
+            queue_groups = groups_from_trajectories(self.buffer) if self.buffer else []
+            queue_state = check_queue_state(extra.get("queue", {}))
+        except QueueError as exc:
+            raise CheckpointError(f"{self._resume_from}: {exc}") from None
         self.buffer = []
-        return {"version": self.state.weight_version, "step": self.state.step, "resumed": self.resume,
+        return {"version": self.state.weight_version, "step": self.state.step, "resumed": bool(self.resume),
                 "done": self.state.step >= c.train.steps, "queue_groups": queue_groups,
-                "queue_state": extra.get("queue", {}), "producer_state": extra.get("producer", {}),
+                "queue_state": queue_state, "producer_state": extra.get("producer", {}),
                 "reference_model": str(self.out / "reference_model") if self.needs_reference else None,
                 "engines": self.engine_info()}
 

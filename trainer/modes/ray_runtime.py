@@ -141,7 +141,7 @@ class RayRuntime:
         return actor
 
     # -- the roles ---------------------------------------------------------------------------------------
-    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role:
+    async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role:
         self._init_ray()
         c, r = config, config.async_rl.ray
         want_ref, want_prox = needs_workers(c)

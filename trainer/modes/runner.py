@@ -57,7 +57,7 @@ class Roles:
 class Runtime(Protocol):
     """Builds the roles; two phases because the data plane needs the engines the learner opened."""
 
-    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role: ...
+    async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role: ...
 
     async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
 
@@ -90,7 +90,7 @@ class EmbeddedRuntime:
         self._learner: Any = None
         self._producer: Any = None
 
-    async def make_learner(self, config: TrainConfig, *, resume: bool) -> Role:
+    async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role:
         from .learner import Learner
 
         import_modules(config.async_rl.imports)
@@ -149,7 +149,7 @@ def write_control_file(out_dir: Path, url: str, token: str) -> None:
 class AsyncRunner:
     """Runs a fully_async or hybrid training run on a runtime; see the module docstring."""
 
-    def __init__(self, config: TrainConfig, runtime: Runtime, *, resume: bool = False) -> None:
+    def __init__(self, config: TrainConfig, runtime: Runtime, *, resume: bool | str = False) -> None:
         if not config.is_async:
             raise ValueError(f"AsyncRunner runs fully_async and hybrid; mode is {config.mode!r}")
         self.config = config
@@ -320,7 +320,7 @@ class AsyncRunner:
         path.write_text(json.dumps(data), encoding="utf-8")
 
 
-async def run_async(config: TrainConfig, *, resume: bool = False, runtime: Runtime | None = None) -> RunSummary:
+async def run_async(config: TrainConfig, *, resume: bool | str = False, runtime: Runtime | None = None) -> RunSummary:
     """Run a fully_async / hybrid config on its configured runtime (or the one given)."""
     if runtime is None:
         if config.async_rl.runtime == "ray":
@@ -332,7 +332,7 @@ async def run_async(config: TrainConfig, *, resume: bool = False, runtime: Runti
     return await AsyncRunner(config, runtime, resume=resume).run()
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> RunSummary:
+def train(config: TrainConfig, *, resume: bool | str = False) -> RunSummary:
     """Run any mode to the end (blocking): the asynchronous modes through :class:`AsyncRunner`,
     colocate through the training core's loop (as ``relax-gym train`` does).
 
