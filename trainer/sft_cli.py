@@ -36,12 +36,13 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
+    from relax_gym.trainer.checkpoint import CheckpointError
     from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
     from relax_gym.trainer.loop import train
 
     try:
         summary = train(config, resume=args.resume, rl=False)
-    except (FileNotFoundError, ConfigError) as exc:
+    except (FileNotFoundError, ConfigError, CheckpointError) as exc:  # a checkpoint problem names the file
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
