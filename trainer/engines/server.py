@@ -42,7 +42,6 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -177,10 +176,17 @@ def _decode(
         raise HTTPError(400, f"invalid {model.__name__}: nested too deeply") from None
 
 
-async def _send_error(send: Send, status: int, message: str, kind: str) -> None:
-    """An error reply sent straight from ASGI middleware (the connection is closed after it)."""
+async def _send_error(send: Send, status: int, message: str, kind: str, *, close: bool = False) -> None:
+    """An error reply sent straight from ASGI middleware, before the body has been read.
+
+    Without ``close`` the server (uvicorn) then reads and discards the rest of the body, keeping
+    nothing, so a client that sends its whole body before reading (httpx, requests) still gets
+    this reply instead of a connection reset.
+    """
     body = json.dumps({"object": "error", "error": {"message": message, "type": kind, "code": status}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -200,8 +206,8 @@ class BodyLimitMiddleware:
 
     Why here and not in the routes: a chunked body has no Content-Length, so only counting the
     ``http.request`` messages as they arrive bounds it. The 413 goes out the moment the count
-    passes the route's limit (or at once when Content-Length already says so), and the
-    connection is closed, so the rest is never read. Bytes past ``free_bytes`` of every body are
+    passes the route's limit (or at once when Content-Length already says so); the rest of the
+    body is then discarded as it arrives, never stored. Bytes past ``free_bytes`` of every body are
     also charged to one shared budget for as long as the request runs, so many large bodies
     at once get 503 instead of exhausting memory, while small requests are never refused.
     """
@@ -237,7 +243,9 @@ class BodyLimitMiddleware:
         try:
             chunks = await self._read_body(scope, receive, send, limit, held)
             if chunks is not None:
-                await self.app(scope, _replay(chunks, receive), send)
+                body = b"".join(chunks)  # one copy; the chunks go now, not when the request ends
+                chunks.clear()
+                await self.app(scope, _replay(body, receive), send)
         finally:
             self.stats.buffered_bytes -= held[0]
 
@@ -278,7 +286,11 @@ class BodyLimitMiddleware:
         except TimeoutError:
             self.stats.too_slow += 1
             await _send_error(
-                send, 408, f"request body not received within {self.timeout_s:g} s ({total} bytes came)", "RequestTimeout"
+                send,
+                408,
+                f"request body not received within {self.timeout_s:g} s ({total} bytes came)",
+                "RequestTimeout",
+                close=True,
             )
             return None
 
@@ -299,14 +311,13 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-def _replay(chunks: list[bytes], receive: Receive) -> Receive:
-    """A receive() that yields the buffered body, then defers to the real one (disconnects)."""
-    pending = deque(chunks or [b""])
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive() that yields the buffered body once, then defers to the real one (disconnects)."""
+    pending = [body]
 
     async def replay() -> Message:
         if pending:
-            body = pending.popleft()
-            return {"type": "http.request", "body": body, "more_body": bool(pending)}
+            return {"type": "http.request", "body": pending.pop(), "more_body": False}
         return await receive()
 
     return replay
