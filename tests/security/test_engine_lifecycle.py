@@ -8,6 +8,7 @@ router race runs against a small local HTTP server whose control route is slow o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import signal
@@ -188,10 +189,12 @@ def test_sigterm_stops_the_engine_promptly_while_calls_hang(engines: dict[str, E
 # router: removing an engine while a control call is in flight
 # ------------------------------------------------------------------------------------------------
 async def slow_engine(delay_s: float) -> tuple[Any, str, asyncio.Event]:
-    """An engine stand-in on 127.0.0.1 whose /pause_generation takes ``delay_s``."""
+    """An engine stand-in on 127.0.0.1 whose /pause_generation takes ``delay_s`` (or until the
+    server is cleaned up)."""
     from aiohttp import web
 
     entered = asyncio.Event()
+    released = asyncio.Event()
 
     async def health(_: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -201,10 +204,15 @@ async def slow_engine(delay_s: float) -> tuple[Any, str, asyncio.Event]:
 
     async def pause(_: web.Request) -> web.Response:
         entered.set()
-        await asyncio.sleep(delay_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(released.wait(), delay_s)
         return web.json_response({"success": True})
 
+    async def on_shutdown(_: web.Application) -> None:
+        released.set()
+
     app = web.Application()
+    app.on_shutdown.append(on_shutdown)
     app.add_routes([web.get("/health", health), web.get("/get_model_info", model_info),
                     web.post("/pause_generation", pause)])
     runner = web.AppRunner(app)
@@ -243,7 +251,7 @@ async def test_removal_waits_for_an_inflight_control_call_then_refuses_cleanly(t
 
 @pytest.mark.parametrize("transport", ["httpx", "aiohttp"])
 async def test_a_call_outliving_the_grace_gets_engine_closed(transport: str) -> None:
-    runner, url, entered = await slow_engine(delay_s=3.0)
+    runner, url, entered = await slow_engine(delay_s=60.0)
     try:
         async with EngineRouter([url], health_interval_s=3600, close_grace_s=0.3,
                                 client_factory=lambda u, n: EngineClient(u, transport=transport)) as router:
@@ -255,3 +263,50 @@ async def test_a_call_outliving_the_grace_gets_engine_closed(transport: str) -> 
                 await asyncio.wait_for(pause, 5.0)
     finally:
         await runner.cleanup()
+
+
+def test_sigterm_while_the_sglang_launcher_waits_for_health_stops_its_server(tmp_path: Path) -> None:
+    """``relax-gym engine sglang`` starts the server in a session of its own; a SIGTERM that
+    arrives before ``/health`` answers must still take the server down with the launcher."""
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake"
+    (fake / "sglang").mkdir(parents=True)
+    (fake / "sglang" / "__init__.py").write_text("")
+    (fake / "sglang" / "launch_server.py").write_text(  # never becomes healthy
+        "import os, pathlib, time\n"
+        "pathlib.Path(os.environ['FAKE_SGLANG_PID']).write_text(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    pid_file = tmp_path / "server.pid"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake), os.environ.get("PYTHONPATH", "")]),
+           "FAKE_SGLANG_PID": str(pid_file)}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "relax_gym.cli.main", "engine", "sglang", "--model", "m", "--port", str(free_port()),
+         "--timeout", "120", "--log-file", str(tmp_path / "sglang.log")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    server_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "the fake server never started"
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        start = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=15)
+        assert time.monotonic() - start < 10.0
+        with pytest.raises(ProcessLookupError):
+            os.kill(server_pid, 0)  # stopped (and reaped) by the launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(5)
+        if server_pid is not None:
+            try:
+                os.killpg(server_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

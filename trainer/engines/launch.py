@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +29,29 @@ from relax_gym.errors import RelaxGymError
 
 class ServerStartError(RelaxGymError, RuntimeError):
     """The server exited or did not become healthy in time; the message ends with its log tail."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived inside :func:`sigterm_raises` (a BaseException, like KeyboardInterrupt)."""
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Terminated` in the main thread while the block runs.
+
+    A foreground launcher waits in Python (for ``/health``, then for its child); with the default
+    disposition SIGTERM would kill it at once and leave the server it started -- in a session of
+    its own -- running. Raised instead, it unwinds through the ``finally`` that stops the child.
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def log_tail(path: str | Path | None, lines: int = 40) -> str:
@@ -189,4 +214,4 @@ class EmbeddedEngineProcess(ServerProcess):
         return code
 
 
-__all__ = ["EmbeddedEngineProcess", "ServerProcess", "ServerStartError", "log_tail"]
+__all__ = ["EmbeddedEngineProcess", "ServerProcess", "ServerStartError", "Terminated", "log_tail", "sigterm_raises"]

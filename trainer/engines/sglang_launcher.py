@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .launch import ServerProcess, ServerStartError
+from .launch import ServerProcess, ServerStartError, Terminated, sigterm_raises
 
 
 @dataclass
@@ -114,28 +114,26 @@ class SGLangServer(ServerProcess):
 
 
 def run_foreground(opts: SGLangOptions) -> int:
-    """``relax-gym engine sglang``: start, report health, then wait until interrupted."""
+    """``relax-gym engine sglang``: start, report health, then wait until interrupted.
+
+    SIGTERM or Ctrl-C at any point -- while waiting for ``/health`` too -- stops the server
+    (SIGTERM to its process group, SIGKILL after 60 s) before this returns."""
     server = SGLangServer(opts)
+    stopped = False
     try:
-        server.start()
+        with sigterm_raises():
+            server.start()
+            print(f"SGLang healthy at {server.url} (log: {Path(opts.log_file).resolve()})", flush=True)
+            while server.running:
+                time.sleep(1.0)
     except ServerStartError as exc:
         print(exc, file=sys.stderr)
         return 1
-    print(f"SGLang healthy at {server.url} (log: {Path(opts.log_file).resolve()})")
-    stop = {"now": False}
-
-    def _on_signal(signum: int, frame: object) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    try:
-        while server.running and not stop["now"]:
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        pass
+    except (Terminated, KeyboardInterrupt):
+        stopped = True
     finally:
         code = server.stop(timeout_s=60.0)
-    return 0 if stop["now"] or code in (0, -signal.SIGTERM, None) else int(code or 1)
+    return 0 if stopped or code in (0, -signal.SIGTERM, None) else int(code or 1)
 
 
 __all__ = ["SGLangOptions", "SGLangServer", "build_command", "gpu_available", "run_foreground", "sglang_available"]
