@@ -36,7 +36,7 @@ def ns_pool() -> Iterator[SandboxPool]:
 def fallback_pool() -> Iterator[SandboxPool]:
     """No namespaces: rlimits, a process group, the seccomp filter and (as root) a uid."""
     drop = "yes" if os.geteuid() == 0 else "no"
-    preload = ("json", "ctypes", "fcntl", "errno", "mmap", "shutil", "subprocess", "signal", "time")
+    preload = ("json", "ctypes", "fcntl", "errno", "glob", "mmap", "shutil", "subprocess", "signal", "time")
     with SandboxPool(size=1, isolation="rlimits", drop_privileges=drop, preload=preload) as p:
         yield p
 
@@ -46,20 +46,24 @@ def any_pool(request: pytest.FixtureRequest) -> SandboxPool:
     return request.getfixturevalue("ns_pool" if request.param == "namespaces" else "fallback_pool")
 
 
-def sandbox_processes() -> list[int]:
-    """Pids running as a sandbox uid (host view)."""
-    found = []
+def sandbox_processes_by_uid() -> dict[int, list[int]]:
+    """Pids running as a sandbox uid (host view), by uid: each call has a uid of its own."""
+    found: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/status", encoding="utf-8") as fh:
                     for line in fh:
                         if line.startswith("Uid:") and int(line.split()[1]) >= SANDBOX_UID_BASE:
-                            found.append(int(entry))
+                            found.setdefault(int(line.split()[1]), []).append(int(entry))
                             break
             except (OSError, ValueError):
                 continue
     return found
+
+
+def sandbox_processes() -> list[int]:
+    return [pid for pids in sandbox_processes_by_uid().values() for pid in pids]
 
 
 def assert_pool_healthy(pool: SandboxPool) -> None:
@@ -144,9 +148,10 @@ def _frame(obj: object) -> bytes:
     return len(body).to_bytes(4, "big") + body
 
 
+_FORGED_RECORD = json.dumps({"seq": 1, "exit_code": 0, "reason": FORGED}).encode()
 _FORGED_DONE = _frame({"type": "done", "exit_code": 0, "reason": FORGED, "seq": 1})
 PAYLOADS = {
-    "forged_done_and_record": _FORGED_DONE + json.dumps({"seq": 1, "exit_code": 0, "reason": FORGED}).encode() + b"\n",
+    "forged_done_and_record": _FORGED_DONE + _FORGED_RECORD,
     "wrong_types": _frame({"type": "done", "exit_code": "zero", "reason": None, "seq": "1"}),
     "invalid_utf8_then_forged": _frame(b"\xff\xfe\xfd{") + _FORGED_DONE,
     "deep_nesting": _frame(b"[" * 200_000),
@@ -155,13 +160,15 @@ PAYLOADS = {
 _HUGE = "(2**31 - 1).to_bytes(4, 'big') + b'x' * (24 << 20)"
 
 
-def _write_everywhere(payload: bytes | None) -> str:
+def _forge_everywhere(payload: bytes | None, *, stop: bool = False) -> str:
     """Code that writes ``payload`` (None: a 24 MiB unterminated frame) to every descriptor
-    >= 3 it has, as fast as each takes it (bounded by a 2 s budget), then says which took it."""
+    >= 3 it has (as fast as each takes it, within a 2 s budget) and over the start of every
+    shared writable mapping it has, then -- with ``stop`` -- stops itself as if its call were
+    over. It prints which descriptors took the payload and how many mappings it wrote."""
     return (
-        "import fcntl, os, time\n"
+        "import ctypes, fcntl, json, os, signal, time\n"
         f"payload = {_HUGE if payload is None else repr(payload)}\n"
-        "hits = []\n"
+        "fds, maps = [], 0\n"
         "deadline = time.monotonic() + 2.0\n"
         "for fd in range(3, 256):\n"
         "    try:\n"
@@ -176,49 +183,78 @@ def _write_everywhere(payload: bytes | None) -> str:
         "                view = view[os.write(fd, view):]\n"
         "            except BlockingIOError:\n"
         "                time.sleep(0.001)\n"
-        "        hits.append(fd)\n"
+        "        fds.append(fd)\n"
         "    except OSError:\n"
         "        pass\n"
-        "print('after', hits)\n"
+        "for line in open('/proc/self/maps'):\n"
+        "    span, perms = line.split()[:2]\n"
+        "    if perms.startswith('rw') and perms[3] == 's':\n"
+        "        start, end = (int(x, 16) for x in span.split('-'))\n"
+        "        data = payload[: end - start]\n"
+        "        ctypes.memmove(start, data + bytes(end - start - len(data)), end - start)\n"
+        "        maps += 1\n"
+        "print('after', json.dumps({'fds': fds}), flush=True)\n"
+        + ("os.kill(os.getpid(), signal.SIGSTOP)\n" if stop else "")
     )
 
 
 @pytest.mark.parametrize("payload", list(PAYLOADS), ids=list(PAYLOADS))
 def test_one_shot_code_cannot_write_the_status_pipe(any_pool: SandboxPool, payload: str) -> None:
     with host_rss_growth() as growth:
-        r = any_pool.run(_write_everywhere(PAYLOADS[payload]), timeout_s=8)
-    assert r.ok and r.stdout == "after []\n", r
+        r = any_pool.run(_forge_everywhere(PAYLOADS[payload]), timeout_s=8)
+    assert r.ok and r.stdout == 'after {"fds": []}\n', r
     assert FORGED not in str(r)
     assert growth[0] < 16 * 1024, f"the host grew by {growth[0]} KiB"
     assert_pool_healthy(any_pool)
 
 
+@pytest.mark.parametrize("session", [False, True], ids=["one_shot", "session"])
 @pytest.mark.parametrize("payload", list(PAYLOADS), ids=list(PAYLOADS))
-def test_session_code_cannot_forge_or_flood_results(any_pool: SandboxPool, payload: str) -> None:
+def test_a_forged_result_is_that_calls_error(any_pool: SandboxPool, payload: str, session: bool) -> None:
+    """The code writes a forged or malformed result wherever it can (its shared result page
+    included) and stops itself, as the runner does at the end of a call."""
+    code = _forge_everywhere(PAYLOADS[payload], stop=True)
+    with host_rss_growth() as growth:
+        if session:
+            with any_pool.session(timeout_s=8) as s:
+                assert s.run("x = 41").ok
+                r = s.run(code)
+                after = s.run("print(x + 1)")
+            assert not s.alive and after.killed_reason == "session_ended"
+        else:
+            r = any_pool.run(code, timeout_s=8)
+    assert FORGED not in str(r)
+    assert r.exit_code is None and str(r.killed_reason).startswith("sandbox_error: the sandboxed program"), r
+    assert r.stdout == 'after {"fds": []}\n'
+    assert growth[0] < 16 * 1024, f"the host grew by {growth[0]} KiB"
+    assert_pool_healthy(any_pool)
+
+
+@pytest.mark.parametrize("payload", list(PAYLOADS), ids=list(PAYLOADS))
+def test_session_code_has_no_writable_channel(any_pool: SandboxPool, payload: str) -> None:
     with host_rss_growth() as growth:
         with any_pool.session(timeout_s=8) as s:
             assert s.run("x = 41").ok
-            r = s.run(_write_everywhere(PAYLOADS[payload]))
+            r = s.run(_forge_everywhere(PAYLOADS[payload]))
             after = s.run("print(x + 1)")
-    assert FORGED not in str(r) and FORGED not in str(after)
-    # what reached the executor was checked there: the call is a clear sandbox error
-    assert r.exit_code is None and str(r.killed_reason).startswith("sandbox_error: the sandboxed program"), r
-    assert not s.alive and after.killed_reason == "session_ended"
+            assert s.alive
+    assert r.ok and r.stdout == 'after {"fds": []}\n', r
+    assert after.stdout == "42\n" and FORGED not in str(r) + str(after)
     assert growth[0] < 16 * 1024, f"the host grew by {growth[0]} KiB"
     assert_pool_healthy(any_pool)
 
 
 def test_a_forged_result_cannot_desynchronise_a_session(any_pool: SandboxPool) -> None:
-    """The code ends its call early with a well-formed record and keeps running: the next
-    call must not be answered with the first call's leftovers."""
-    record = json.dumps({"seq": 1, "exit_code": 0, "reason": None}).encode() + b"\n"
+    """The code ends its call early with a well-formed result and keeps running once continued:
+    the next call must not be answered with the first call's leftovers."""
+    record = json.dumps({"seq": 1, "exit_code": 0, "reason": None}).encode()
     with any_pool.session(timeout_s=5) as s:
-        first = s.run(_write_everywhere(record) + "import time\ntime.sleep(0.5)\nprint('late output')\n")
+        first = s.run(_forge_everywhere(record, stop=True) + "print('late output')\n")
         assert first.exit_code == 0 and "late output" not in first.stdout  # ended early: its own choice
         second = s.run("print('second')")
-        # the real record of call 1 arrives during call 2: a fault, not call 2's result
+        # call 1's own result arrives during call 2: a fault, not call 2's result
         assert str(second.killed_reason).startswith("sandbox_error: "), second
-        assert "the sandboxed program wrote a result record" in str(second.killed_reason)
+        assert "the sandboxed program reported a result for call 1, not 2" in str(second.killed_reason)
         assert not s.alive
     assert_pool_healthy(any_pool)
 
@@ -282,7 +318,7 @@ def test_host_status_reader_is_bounded_and_strict(data: bytes, why: str) -> None
 
 
 def test_executor_accepts_only_exact_result_records() -> None:
-    ok = _zygote.encode_result(3, 1, "memory_limit").rstrip(b"\n")
+    ok = _zygote.encode_result(3, 1, "memory_limit")
     assert _zygote.parse_result(ok) == (3, 1, "memory_limit")
     for bad in [b'{"seq": 3, "exit_code": 1}', b'{"seq": 3, "exit_code": 256, "reason": null}',
                 b'{"seq": true, "exit_code": 0, "reason": null}', b'{"seq": 3, "exit_code": 0, "reason": "timeout"}',
@@ -424,7 +460,7 @@ FORK_AND_ALLOCATE = (
     "hold = []\n"
     "try:\n"
     "    while True:\n"
-    "        hold.append(bytearray(b'\\x01') * (4 << 20))  # written, so resident\n"
+    "        hold.append(b'\\x01' * (4 << 20))  # written, so resident\n"
     "except MemoryError:\n"
     "    pass\n"
     "if children is None:\n"
@@ -455,10 +491,10 @@ def test_fork_and_allocate_bomb_stays_within_the_total(ns_pool: SandboxPool) -> 
     thread = threading.Thread(target=attack)
     thread.start()
     while not done.wait(0.02):
-        pids = sandbox_processes()
-        rss = sum(_status_kib(p, "VmRSS") for p in pids if os.path.exists(f"/proc/{p}"))
-        vm = sum(_status_kib(p, "VmSize") for p in pids if os.path.exists(f"/proc/{p}"))
-        peak = {"rss_kib": max(peak["rss_kib"], rss), "vm_kib": max(peak["vm_kib"], vm), "procs": max(peak["procs"], len(pids))}
+        for pids in sandbox_processes_by_uid().values():  # the call's processes, any other call's apart
+            rss = sum(_status_kib(p, "VmRSS") for p in pids if os.path.exists(f"/proc/{p}"))
+            vm = sum(_status_kib(p, "VmSize") for p in pids if os.path.exists(f"/proc/{p}"))
+            peak = {"rss_kib": max(peak["rss_kib"], rss), "vm_kib": max(peak["vm_kib"], vm), "procs": max(peak["procs"], len(pids))}
     thread.join(15)
     r = result[0]
     assert r.ok, r

@@ -46,6 +46,7 @@ import errno
 import io
 import json
 import math
+import mmap
 import os
 import resource
 import select
@@ -378,28 +379,20 @@ class HeadTail:
 # executor and runner: run the user's code
 # ------------------------------------------------------------------------------------------------
 # Descriptor numbers inside the executor (E) and the runner (R). Only R runs user code, and it
-# closes every descriptor of the host's channel before it does (see _runner_main).
+# closes every descriptor of the host's channel before it does (see _runner_loop).
 _FD_REQ = 3        # host -> R: the first request (R reads it, then closes it)
 _FD_STATUS = 4     # E -> host: done / exit / fault (R writes "setup" on it, then closes it)
-_FD_CALL_IN = 5    # E -> R: the later requests of a session (R's end)
-_FD_CALL_OUT = 6   # R -> E: one result record per session call (R's end)
-_FD_FORWARD = 7    # E's end of _FD_CALL_IN
-_FD_RESULTS = 8    # E's end of _FD_CALL_OUT
+_FD_CALL_IN = 5    # E -> R: the later requests of a session (R's read end)
+_FD_FORWARD = 6    # E's write end of _FD_CALL_IN
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # the largest request (code and limits) the host sends
-RESULT_RECORD_MAX = 256               # a session result record, newline included
-# What a result record may say about a call, besides its exit code: each is something the
-# code can cause anyway (raise MemoryError, ...), so a forged record gains nothing.
+# R ends each call by writing a result record (one JSON object) into a page it shares with E
+# and stopping itself with SIGSTOP; E learns of the stop from the kernel (wait4), reads the
+# page and tells the host. The code can write that page too, so a record may only say what
+# the code could cause anyway: an exit code 0-255 and one of these reasons (raise MemoryError
+# gives "memory_limit", ...).
+RESULT_PAGE_BYTES = 256
 RESULT_REASONS = ("memory_limit", "process_limit", "file_size_limit", "open_files_limit", "limits_failed")
-# A one-shot runner holds no channel at all while the code runs: it ends the call by exiting,
-# and reports a classified exception by dying of one of these real-time signals (E relays the
-# wait status; the host maps them back to exit code 1 and the reason).
-REASON_SIGNALS = {
-    "memory_limit": signal.SIGRTMAX,
-    "process_limit": signal.SIGRTMAX - 1,
-    "file_size_limit": signal.SIGRTMAX - 2,
-    "open_files_limit": signal.SIGRTMAX - 3,
-}
 
 
 def _exec_env(workdir: str) -> dict[str, str]:
@@ -582,11 +575,12 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
     """The executor (E); never returns.
 
     E sets up the call's isolation, forks the *runner* (R) that executes the code, and from
-    then on is the only process of the call that holds the host's status pipe. R reports to E
-    over a channel of its own, which E reads with a size bound and a strict schema; the host
-    only ever hears what E says. With a PID namespace E is the namespace's init: it also reaps
-    every orphan, and its exit kills whatever the code left. Without one, E leads the process
-    group the host kills and is the subreaper of the code's orphans."""
+    then on is the only process of the call that holds the host's status pipe. R has no
+    descriptor towards E or the host while the code runs: it ends a call by stopping itself
+    after writing a small result into a shared page, which E checks (size, schema, sequence)
+    before it tells the host. With a PID namespace E is the namespace's init: it reaps every
+    orphan, and its exit kills whatever the code left. Without one, E leads the process group
+    the host kills and is the subreaper of the code's orphans."""
     status_fd = fds["status"]
     try:
         set_parent_death_signal()
@@ -594,41 +588,41 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
         workdir = _setup_executor(caps, uid, tmpfs_mb)
         devnull = os.open(os.devnull, os.O_RDONLY)
         call_in_r, call_in_w = os.pipe()
-        call_out_r, call_out_w = os.pipe()
         _place_fds({
             0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"],
-            _FD_CALL_IN: call_in_r, _FD_CALL_OUT: call_out_w, _FD_FORWARD: call_in_w, _FD_RESULTS: call_out_r,
+            _FD_CALL_IN: call_in_r, _FD_FORWARD: call_in_w,
         })  # fmt: skip
         status_fd = _FD_STATUS
+        os.setsid()  # a fresh scheduler autogroup (and, without a PID namespace, the group the host kills)
         if not caps["pid"]:
-            os.setsid()  # the group the host kills: E, R and whatever stays in it
             _c().prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0)
+        page = mmap.mmap(-1, RESULT_PAGE_BYTES, flags=mmap.MAP_SHARED)  # anonymous: no descriptor
         wake = _watch_children()
         runner = os.fork()
         if runner == 0:
-            _close(_FD_FORWARD, _FD_RESULTS, *wake)
+            _close(_FD_FORWARD, *wake)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _runner_main(workdir, uid, caps)
-        _close(0, 1, 2, _FD_CALL_IN, _FD_CALL_OUT)  # the pipes reach EOF once R and its children are gone
+            _runner_main(workdir, uid, caps, page)
+        _close(0, 1, 2, _FD_CALL_IN)  # stdout and stderr reach EOF once R and its children are gone
     except BaseException as exc:
         try:
             _write_fd_message(status_fd, {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
         finally:
             os._exit(70)
-    _Relay(runner, wake[0], caps).serve()
+    _Relay(runner, wake[0], caps, page).serve()
 
 
 def _watch_children() -> tuple[int, int]:
-    """A pipe that becomes readable on SIGCHLD, so E can select() on children, R's results and
-    the host's requests at once."""
+    """A pipe that becomes readable on SIGCHLD (a child's exit or stop), so E can select() on
+    its children and the host's requests at once."""
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     return wake_r, wake_w
 
 
-def _runner_main(workdir: str, uid: int | None, caps: dict[str, Any]) -> None:
+def _runner_main(workdir: str, uid: int | None, caps: dict[str, Any], page: mmap.mmap) -> NoReturn:
     """R: prepare off the call path, announce readiness, then serve the call (or session)."""
     try:
         set_parent_death_signal()
@@ -651,7 +645,7 @@ def _runner_main(workdir: str, uid: int | None, caps: dict[str, Any]) -> None:
         finally:
             os._exit(70)
     os.close(_FD_STATUS)
-    _runner_loop(workdir, uid)
+    _runner_loop(workdir, uid, page)
 
 
 def _warm_up() -> None:
@@ -670,47 +664,38 @@ def _warm_up() -> None:
 
 
 def encode_result(seq: int, exit_code: int, reason: str | None) -> bytes:
-    """A session result record: one JSON line, R -> E."""
-    return json.dumps({"seq": seq, "exit_code": exit_code, "reason": reason}).encode("ascii") + b"\n"
+    """A result record as R writes it into the shared page."""
+    return json.dumps({"seq": seq, "exit_code": exit_code, "reason": reason}).encode("ascii")
 
 
-def _send_result(seq: int, exit_code: int, reason: str | None) -> None:
-    data = encode_result(seq, exit_code, reason)
-    while data:
-        data = data[os.write(_FD_CALL_OUT, data) :]
+def _end_call(page: mmap.mmap, seq: int, exit_code: int, reason: str | None) -> None:
+    """Publish the call's result and stop until E continues R (a session's next request) or
+    the call is torn down. SIGSTOP can be neither caught nor blocked."""
+    record = encode_result(seq, exit_code, reason)
+    page[:] = record + bytes(RESULT_PAGE_BYTES - len(record))
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def _exit_as(exit_code: int, reason: str | None) -> None:
-    """End a one-shot call: exit with the code's status, or die of the reason's signal."""
-    sig = REASON_SIGNALS.get(reason or "")
-    if sig is not None:
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
-        except BaseException:
-            pass
-    os._exit(exit_code)
-
-
-def _runner_loop(workdir: str, uid: int | None) -> None:
+def _runner_loop(workdir: str, uid: int | None, page: mmap.mmap) -> NoReturn:
     """Serve the first request (from the host), then -- in a session -- those E forwards.
 
     Before any user code runs, R closes the host's request pipe; a one-shot call also closes
-    its channel to E, so the code holds nothing but stdin, stdout and stderr, and the call ends
-    when R exits. A session keeps the two pipes to E (never the host's): what the code may
-    write on them is checked by E, and only ends its own session."""
+    the session pipe from E, so the code holds nothing but stdin, stdout and stderr. A session
+    keeps only the read end of that pipe (created by E as root, mode 0600: the code cannot
+    re-open it for writing through /proc)."""
     import builtins
     import types
 
     main_module = types.ModuleType("__main__")
     main_module.__dict__["__builtins__"] = builtins
-    req = _read_fd_message(_FD_REQ)
+    req = _read_fd_message(_FD_REQ, MAX_REQUEST_BYTES)
     os.close(_FD_REQ)
     if not isinstance(req, dict):
         os._exit(0)
     session = bool(req.get("session"))
     seq = req.get("seq", 1)
+    if not session:
+        os.close(_FD_CALL_IN)
     try:
         os.environ.clear()
         os.environ.update(_exec_env(workdir))
@@ -720,109 +705,92 @@ def _runner_loop(workdir: str, uid: int | None) -> None:
         sys.argv = ["<sandbox>"]
     except BaseException as exc:
         print(f"sandbox: the limits could not be applied: {exc}", file=sys.stderr, flush=True)
-        _send_result(seq, 70, "limits_failed")
+        _end_call(page, seq, 70, "limits_failed")
         os._exit(70)
-    if not session:
-        _close(_FD_CALL_IN, _FD_CALL_OUT)
-        code, reason = _run_user_code(req["code"], main_module.__dict__)
-        _flush_std()
-        _exit_as(code, reason)
     while True:
         try:
-            _set_call_cpu(float(req["limits"]["timeout_s"]))
+            if session:
+                _set_call_cpu(float(req["limits"]["timeout_s"]))
         except BaseException:
-            _send_result(seq, 70, "limits_failed")
+            _end_call(page, seq, 70, "limits_failed")
             os._exit(70)
         code, reason = _run_user_code(req["code"], main_module.__dict__)
         _flush_std()
-        _send_result(seq, code, reason)
-        req = _read_fd_message(_FD_CALL_IN)
+        _end_call(page, seq, code, reason)
+        if not session:
+            os._exit(code)  # only if something continued R: E reported the call already
+        req = _read_fd_message(_FD_CALL_IN, MAX_REQUEST_BYTES)
         if not isinstance(req, dict):
             os._exit(0)
         seq = req.get("seq")
 
 
 class _Relay:
-    """E's event loop: reap children, check R's result records, forward the host's later
-    session requests to R, and tell the host what happened -- in messages E writes itself.
+    """E's event loop: reap children, turn R's stops into checked results, forward a session's
+    later requests to R, and tell the host what happened -- in messages E writes itself.
 
-    Anything R sends that is not exactly one well-formed record for the call in flight (too
-    long, not JSON, wrong fields, wrong sequence number, unasked for) is a *fault*: E reports
-    it, kills the call and exits. E never blocks on R: R's pipe to E is read in bounded chunks
-    and E writes to R without blocking."""
+    A stop of R is the end of a call; the page must then hold exactly one well-formed record
+    for the call in flight. Anything else (no record, a malformed one, a wrong sequence number,
+    a stop while no call runs) is a *fault*: E reports it, kills the call and exits. E never
+    blocks on R: it writes requests to R without blocking."""
 
-    def __init__(self, runner: int, wake_fd: int, caps: dict[str, Any]) -> None:
+    def __init__(self, runner: int, wake_fd: int, caps: dict[str, Any], page: mmap.mmap) -> None:
         self.runner = runner
         self.runner_alive = True
         self.wake_fd = wake_fd
         self.caps = caps
-        self.expect: int | None = 1  # seq of the call whose result may come (the first: R reads it itself)
+        self.page = page
+        self.expect: int | None = 1  # seq of the call in flight (the first: R reads it itself)
         self.relaying = False  # a session: E reads the host's requests after the first result
-        self.results = bytearray()
-        self.results_open = True
         self.incoming = bytearray()
         self.outgoing = b""
         os.set_blocking(_FD_FORWARD, False)
 
     def serve(self) -> NoReturn:
         while True:
-            rlist = [self.wake_fd] + ([_FD_RESULTS] if self.results_open else [])
+            rlist = [self.wake_fd]
             if self.relaying and self.expect is None:
                 rlist.append(_FD_REQ)
             wlist = [_FD_FORWARD] if self.outgoing else []
             readable, writable, _ = select.select(rlist, wlist, [])
             if self.wake_fd in readable:
                 _drain_nonblocking(self.wake_fd)
-            if _FD_RESULTS in readable:
-                self._read_results()
             if _FD_REQ in readable:
                 self._read_request()
             if _FD_FORWARD in writable:
                 self._forward()
-            self._reap()  # after reading: a result R sent just before exiting is relayed first
+            self._reap()
 
     def _reap(self) -> None:
         while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG | os.WUNTRACED)
             except ChildProcessError:
                 return
             except InterruptedError:
                 continue
             if pid == 0:
                 return
-            if pid == self.runner:
+            if pid != self.runner:
+                continue  # an orphan reaped (or a stopped one, which the end of the call kills)
+            if os.WIFSTOPPED(status):
+                self._take_result(os.WSTOPSIG(status))
+            else:
                 self.runner_alive = False  # reaped: its pid may be reused, never signal it again
                 cpu = usage.ru_utime + usage.ru_stime
                 self._finish({"type": "exit", "status": status, "cpu_s": cpu})
 
-    def _read_results(self) -> None:
-        try:
-            data = os.read(_FD_RESULTS, RESULT_RECORD_MAX)
-        except (BlockingIOError, InterruptedError):
-            return
-        if not data:
-            # A one-shot runner closes it before running the code; in a session R is exiting
-            # (reaped next) or the code closed it (then the call runs into its timeout).
-            self.results_open = False
-            return
-        self.results += data
-        while b"\n" in self.results:
-            line, _, rest = bytes(self.results).partition(b"\n")
-            self.results = bytearray(rest)
-            self._take_result(line)
-        if len(self.results) >= RESULT_RECORD_MAX:
-            self._fault("the sandboxed program wrote an oversized result record")
-
-    def _take_result(self, line: bytes) -> None:
-        record = parse_result(line)
+    def _take_result(self, stop_signal: int) -> None:
+        raw = bytes(self.page[:])
+        self.page[:] = bytes(RESULT_PAGE_BYTES)  # a record counts once
+        record = parse_result(raw.rstrip(b"\0")) if stop_signal == signal.SIGSTOP else None
         if record is None:
-            self._fault("the sandboxed program wrote a malformed result record")
+            self._fault(f"the sandboxed program stopped (signal {stop_signal}) without a well-formed result")
         seq, exit_code, reason = record
         if self.expect is None:
-            self._fault("the sandboxed program wrote a result record while no call was running")
+            self._fault("the sandboxed program reported a result while no call was running")
         if seq != self.expect:
-            self._fault(f"the sandboxed program wrote a result record for call {seq}, not {self.expect}")
+            self._fault(f"the sandboxed program reported a result for call {seq}, not {self.expect}")
         self.expect = None
         self.relaying = True
         _write_fd_message(_FD_STATUS, {"type": "done", "seq": seq, "exit_code": exit_code, "reason": reason})
@@ -852,6 +820,10 @@ class _Relay:
         self.expect = int(seq)
         self.outgoing = frame
         self._forward()
+        try:
+            os.kill(self.runner, signal.SIGCONT)  # R reads the request once it runs again
+        except ProcessLookupError:
+            pass
 
     def _forward(self) -> None:
         try:
@@ -884,10 +856,12 @@ class _Relay:
         os._exit(0)
 
 
-def parse_result(line: bytes) -> tuple[int, int, str | None] | None:
+def parse_result(raw: bytes) -> tuple[int, int, str | None] | None:
     """A result record's (seq, exit code, reason), or None when it is not exactly one."""
+    if len(raw) > RESULT_PAGE_BYTES:
+        return None
     try:
-        record = json.loads(line.decode("ascii"))
+        record = json.loads(raw.decode("ascii"))
     except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict) or set(record) != {"seq", "exit_code", "reason"}:
@@ -1041,6 +1015,10 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
     os.setsid()  # a fresh scheduler autogroup: see executor_main
     if caps["pid"]:
         unshare(CLONE_NEWPID)
+    else:
+        # Orphans of the executor (the runner, when the host kills the executor first) come
+        # here, to be reaped before the supervisor exits, not by the machine's init.
+        _c().prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0)
     req_r, req_w = os.pipe()
     status_r, status_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -1075,9 +1053,23 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
         pass  # the host went away
     finally:
         ex.kill()
+        _reap_children(time.monotonic() + 1.0)
         if setup.get("type") == "setup" and not caps["filesystem"]:
             shutil.rmtree(setup["workdir"], ignore_errors=True)
     os._exit(0)
+
+
+def _reap_children(deadline: float) -> None:
+    """Reap every child (orphans included) until none is left or the deadline passes."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)
 
 
 def _guard(host: socket.socket, ex: _Executor) -> None:

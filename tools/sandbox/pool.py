@@ -397,7 +397,6 @@ _SIGNAL_REASONS: dict[int, str] = {
     signal.SIGXFSZ: "file_size_limit",
     signal.SIGSEGV: "crashed (SIGSEGV)",
 }
-_REASON_BY_SIGNAL = {sig: reason for reason, sig in _zygote.REASON_SIGNALS.items()}
 _DRAIN_TICK_S = 0.02
 _READY_TIMEOUT_S = 30.0
 
@@ -523,8 +522,6 @@ def _exit_outcome(status: int, cpu_s: float, cpu_limit: float) -> tuple[int, str
     if not os.WIFSIGNALED(status):
         return None
     sig = os.WTERMSIG(status)
-    if sig in _REASON_BY_SIGNAL:  # a classified exception (see _zygote.REASON_SIGNALS)
-        return 1, _REASON_BY_SIGNAL[sig]
     reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {_signal_name(sig)}"
     if sig == signal.SIGKILL and cpu_s >= cpu_limit - 0.05:
         reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
