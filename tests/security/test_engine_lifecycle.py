@@ -115,6 +115,10 @@ def test_a_trainer_that_never_comes_costs_one_bounded_error(engines: dict[str, E
             t.join(GROUP_TIMEOUT_S + 30)
         assert len(results) == 8 and {code for code, _ in results} <= {503, 504}, results
         assert 503 in {code for code, _ in results} and max(t for _, t in results) < GROUP_TIMEOUT_S + SLACK_S
+        # an update asking for more buffer than the model holds is refused before any allocation
+        huge = http.post(f"{url}/update_weights_from_distributed",
+                         json={"names": ["a"], "dtypes": ["float32"], "shapes": [[10**6, 10**6]]})
+        assert huge.status_code == 400 and "bytes" in huge.text, huge.text
         generate_ok(http, url)  # still serving
         assert http.get(f"{url}/get_server_info").json()["weight_update_groups"] == []
 

@@ -156,7 +156,9 @@ def serve(opts: EmbeddedOptions) -> int:
         max_image_pixels=opts.max_image_pixels,
         heavy_concurrency=opts.heavy_concurrency,
     )
-    app = build_app(EngineService(engine, config, WeightReceiver(opts.weight_group_timeout_s)))
+    model_elements = sum(t.numel() for t in runner.model.state_dict().values())
+    receiver = WeightReceiver(opts.weight_group_timeout_s, max_receive_bytes=16 * model_elements)  # 2x in fp64
+    app = build_app(EngineService(engine, config, receiver))
     sock = bind_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     engine.start()

@@ -310,12 +310,19 @@ class WeightReceiver:
     """
 
     def __init__(
-        self, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S, *, max_pending_joins: int = MAX_PENDING_JOINS
+        self,
+        timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
+        *,
+        max_pending_joins: int = MAX_PENDING_JOINS,
+        max_receive_bytes: int | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         self.timeout_s = float(timeout_s)
         self.max_pending_joins = max(1, max_pending_joins)
+        # one update's buffers are allocated before the broadcast fills them: no request may ask
+        # for more than this (the engine sets it from its model's size)
+        self.max_receive_bytes = max_receive_bytes
         self._lock = threading.Lock()
         self._groups: dict[str, GroupHandle] = {}
         self._joining: dict[str, _Join] = {}
@@ -452,10 +459,26 @@ class WeightReceiver:
             with self._lock:
                 self._busy.discard(group_name)
 
+    def _check_size(self, req: UpdateWeightsFromDistributedRequest) -> None:
+        if self.max_receive_bytes is None:
+            return
+        total = 0
+        for dt, shape in zip(req.dtypes, req.shapes, strict=True):
+            numel = 1
+            for dim in shape:
+                numel *= int(dim)
+            total += numel * torch.empty((), dtype=parse_dtype(dt)).element_size()
+        if total > self.max_receive_bytes:
+            raise WeightTransportError(
+                f"the request lists {total} bytes of tensors, more than the {self.max_receive_bytes} this engine "
+                "accepts in one update (its model's size); send smaller buckets"
+            )
+
     async def receive(self, req: UpdateWeightsFromDistributedRequest) -> NamedTensors:
         """Receive the tensors ``req`` lists (all of them, so the collective stays in step),
         off the engine thread and within the group's timeout."""
         validate_distributed_request(req)
+        self._check_size(req)
         self._claim(req.group_name)
         try:
             tensors = [
