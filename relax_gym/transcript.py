@@ -92,7 +92,7 @@ def message_from_record(rec: dict[str, Any], media_dir: str | Path | None = None
             continue
         if "path" not in item or media_dir is None:
             raise MediaError(kind or "media", repr(item), "record has no media file to load")
-        path = Path(media_dir) / item["path"]
+        path = _media_path(media_dir, item["path"], kind or "media")
         if kind == "image":
             parts.append(ImagePart(load_image(path), id=item.get("id")))
         elif kind == "audio":
@@ -109,6 +109,18 @@ def message_from_record(rec: dict[str, Any], media_dir: str | Path | None = None
             raise MediaError("media", repr(item), f"unknown content type {kind!r}")
     calls = [ToolCall(c["name"], dict(c.get("arguments") or {}), c.get("id", "")) for c in rec.get("tool_calls", [])]
     return Message(rec["role"], parts, tool_call_id=rec.get("tool_call_id"), name=rec.get("name"), tool_calls=calls)
+
+
+def _media_path(media_dir: str | Path, name: Any, kind: str) -> Path:
+    """The media file a record names, which must be a plain file name inside ``media_dir``
+    (what :class:`MediaWriter` writes): a record is data, possibly from someone else's run, and
+    ``"../../etc/shadow"`` or an absolute path must not read a file from outside the folder."""
+    if not isinstance(name, str) or not name or name in {".", ".."} or Path(name).name != name or "\\" in name:
+        raise MediaError(kind, repr(name)[:200], "a media path in a record must be a plain file name in its media folder")
+    path = Path(media_dir) / name
+    if path.is_symlink():
+        raise MediaError(kind, name, "a media file in a record's folder must not be a symlink")
+    return path
 
 
 def render_transcript_line(rec: dict[str, Any]) -> str:

@@ -546,3 +546,30 @@ def test_megatron_state_never_unpickles(tmp_path: Path, marker: Path) -> None:
     assert ".distcp" in r["truncated"] and "truncated" in r["truncated"]
     for name in ("metadata", "common", "byte_item", "truncated"):
         assert "\n" not in r[name]
+
+
+# --- trajectory/transcript records name media by plain file name only -------------------------
+
+
+@pytest.mark.parametrize("name", ["../secret.png", "/etc/passwd", "sub/../../x.png", "..", "", 42, "a\\..\\b.png"])
+def test_a_record_cannot_read_media_outside_its_folder(name: object, tmp_path) -> None:
+    from relax_gym.errors import MediaError
+    from relax_gym.transcript import message_from_record
+
+    media = tmp_path / "media"
+    media.mkdir()
+    (tmp_path / "secret.png").write_bytes(b"not for you")
+    rec = {"role": "user", "content": [{"type": "image", "path": name}]}
+    with pytest.raises(MediaError, match="plain file name"):
+        message_from_record(rec, media)
+
+
+def test_a_record_cannot_follow_a_symlink_out_of_its_folder(tmp_path) -> None:
+    from relax_gym.errors import MediaError
+    from relax_gym.transcript import message_from_record
+
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "image-0.png").symlink_to("/etc/hostname")
+    with pytest.raises(MediaError, match="symlink"):
+        message_from_record({"role": "user", "content": [{"type": "image", "path": "image-0.png"}]}, media)
