@@ -573,3 +573,47 @@ def test_a_record_cannot_follow_a_symlink_out_of_its_folder(tmp_path) -> None:
     (media / "image-0.png").symlink_to("/etc/hostname")
     with pytest.raises(MediaError, match="symlink"):
         message_from_record({"role": "user", "content": [{"type": "image", "path": "image-0.png"}]}, media)
+
+
+# --- the async producer's state in a checkpoint is checked, not trusted -----------------------
+
+
+def _bare_producer():
+    from relax_gym.trainer.config import EnvEntry
+    from relax_gym.trainer.loop.data import EpisodeSampler
+    from relax_gym.trainer.modes.producer import RolloutProducer
+
+    producer = RolloutProducer.__new__(RolloutProducer)  # only the state fields matter here
+    producer.sampler = EpisodeSampler([EnvEntry(id="relax/SenseCount-v0")], seed=1)
+    return producer
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"pending": [{"seed": 3}]},  # no env_id
+        {"pending": "not a list"},
+        {"counts": {"x": "many"}},
+        {"sampler": {"drawn": 1}},  # no bit_generator
+        {"sampler": {"drawn": 1, "bit_generator": {"bit_generator": "Evil"}}},
+        {"unknown": 1},
+    ],
+)
+def test_a_malformed_producer_state_is_one_checkpoint_error(state) -> None:
+    from relax_gym.trainer.checkpoint import CheckpointError
+
+    producer = _bare_producer()
+    with pytest.raises(CheckpointError, match="rollout producer state"):
+        producer.load_state_dict(state)
+
+
+def test_a_valid_producer_state_round_trips() -> None:
+    producer = _bare_producer()
+    producer.sampler.next(3)
+    state = {"sampler": producer.sampler.state_dict(), "counts": {"groups": 2}, "dropped_ids": ["g1"],
+             "pending": [{"env_id": "relax/SenseCount-v0", "seed": 5, "group_id": "g7"},
+                         {"env_id": "relax/SenseCount-v0", "seed": 6, "group_id": "skip"}]}
+    fresh = _bare_producer()
+    fresh.load_state_dict(state, skip_groups={"skip"})
+    assert [s.group for s in fresh._regen] == ["g7"] and fresh.sampler.drawn == 3
+    assert fresh.counts["groups"] == 2 and fresh.counts["regenerated_groups"] == 1

@@ -36,6 +36,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from relax_gym.trainer.checkpoint import CheckpointError
 from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.env_errors import EnvErrorRateExceeded, EnvErrorWindow
 from relax_gym.trainer.loop.batching import ScoredSample, reward_inputs, select_groups
@@ -72,6 +75,30 @@ def spec_from_dict(data: dict[str, Any]) -> EpisodeSpec:
     return EpisodeSpec(env_id=data["env_id"], seed=data.get("seed"), options=data.get("options"),
                        env_kwargs=dict(data.get("env_kwargs") or {}), group_id=data.get("group_id"),
                        max_new_tokens=data.get("max_new_tokens"), metadata=dict(data.get("metadata") or {}))
+
+
+class _PendingSpec(BaseModel):
+    """One group to regenerate, as :func:`spec_to_dict` writes it."""
+
+    model_config = ConfigDict(extra="ignore")
+    env_id: str = Field(min_length=1, max_length=512)
+    seed: int | None = None
+    options: dict[str, Any] | None = None
+    env_kwargs: dict[str, Any] = Field(default_factory=dict)
+    group_id: str | None = Field(None, max_length=1024)
+    max_new_tokens: int | None = Field(None, ge=1)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class _ProducerState(BaseModel):
+    """What :meth:`RolloutProducer.state_dict` writes into a checkpoint; checked on load, since
+    a checkpoint is untrusted data (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sampler: dict[str, Any] = Field(default_factory=dict)
+    pending: list[_PendingSpec] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    dropped_ids: list[str] = Field(default_factory=list)
 
 
 class RolloutProducer:
@@ -138,10 +165,16 @@ class RolloutProducer:
         restored queue already holds)."""
         if not state:
             return
-        self.sampler.load_state_dict(state.get("sampler", {}))
-        self._regen = [spec_from_dict(d) for d in state.get("pending", []) if d.get("group_id") not in skip_groups]
-        self.counts = Counter({k: int(v) for k, v in dict(state.get("counts", {})).items()})
-        self.dropped_ids = [str(g) for g in state.get("dropped_ids", [])]
+        try:
+            checked = _ProducerState.model_validate(state)
+            self.sampler.load_state_dict(checked.sampler)
+        except (ValidationError, KeyError, TypeError, ValueError) as exc:
+            first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+            where = ".".join(str(p) for p in first["loc"]) + ": " + first["msg"] if first else repr(exc)
+            raise CheckpointError(f"rollout producer state in the checkpoint is malformed ({where})") from None
+        self._regen = [spec_from_dict(p.model_dump()) for p in checked.pending if p.group_id not in skip_groups]
+        self.counts = Counter(checked.counts)
+        self.dropped_ids = list(checked.dropped_ids)
         self.counts["regenerated_groups"] += len(self._regen)
 
     def state_dict(self) -> dict[str, Any]:
