@@ -393,7 +393,9 @@ class WeightReceiver:
         fut = _start_daemon(lambda: self._join_blocking(req, ticket), f"relax-gym-join-{req.group_name}")
         if not await _await_bounded(fut, self.timeout_s):
             with self._lock:
-                ticket.abandoned = True
+                ticket.abandoned = True  # a late group is dropped by its thread; a retry may start now
+                if self._joining.get(req.group_name) is ticket:
+                    del self._joining[req.group_name]
                 joined = req.group_name in self._groups
             if joined:  # finished at the deadline
                 return
