@@ -212,8 +212,10 @@ def _sandbox() -> int:
         "filesystem": "mount namespace (read-only filesystem, private /tmp)",
         "pid": "PID namespace (all processes die with the call)",
         "uid": "per-call uid (cannot signal or read other calls)",
+        "seccomp": "seccomp filter (no user or other namespaces, no SysV IPC or memfd)",
     }
     for key, label in labels.items():
         print(f"  [{'yes' if caps.get(key) else ' no'}] {label}")
-    print("  [yes] rlimits: CPU time, address space, processes, open files, file size; wall-clock kill")
+    print("  [yes] rlimits: CPU time, address space (per process and in all), processes, open files, file size;")
+    print("        wall-clock kill")
     return 0

@@ -130,16 +130,37 @@ def test_one_shot_code_holds_only_stdin_stdout_stderr(any_pool: SandboxPool) -> 
     assert_pool_healthy(any_pool)
 
 
-def test_session_code_holds_no_descriptor_of_the_hosts_pipes(any_pool: SandboxPool) -> None:
+def test_session_code_holds_nothing_that_reaches_the_host(any_pool: SandboxPool) -> None:
+    """A session keeps the read end of its request pipe (its next request arrives there) and
+    nothing else: not the status pipe, and no way to write to the request pipe either."""
     with any_pool.session(timeout_s=5) as s:
         assert s.run("x = 1").ok
         worker = s._worker
         assert worker is not None
-        host_side = {(os.fstat(worker.fds[k]).st_dev, os.fstat(worker.fds[k]).st_ino) for k in ("req", "status")}
+        ino = {k: (os.fstat(worker.fds[k]).st_dev, os.fstat(worker.fds[k]).st_ino) for k in ("req", "status")}
         r = s.run(LIST_FDS)
         assert r.ok, r.stderr
-        inside = {(dev, ino) for _, dev, ino in json.loads(r.stdout)["fds"]}
-        assert not inside & host_side, "the session's code holds the host's request or status pipe"
+        inside = {(dev, ino_): fd for fd, dev, ino_ in json.loads(r.stdout)["fds"]}
+        assert ino["status"] not in inside, "the session's code holds the host's status pipe"
+        assert set(inside.values()) - {0, 1, 2} <= {inside.get(ino["req"])}
+        probe = s.run(
+            "import os, json\n"
+            "out = {}\n"
+            f"fd = {inside.get(ino['req'], -1)}\n"
+            "try:\n"
+            "    os.write(fd, b'x')\n"
+            "    out['write'] = 'ok'\n"
+            "except OSError as exc:\n"
+            "    out['write'] = exc.errno\n"
+            "try:\n"
+            "    os.open(f'/proc/self/fd/{fd}', os.O_WRONLY | os.O_NONBLOCK)\n"
+            "    out['reopen'] = 'ok'\n"
+            "except OSError as exc:\n"
+            "    out['reopen'] = exc.errno\n"
+            "print(json.dumps(out))\n"
+        )
+        assert json.loads(probe.stdout) in ({"write": 9, "reopen": 13}, {"write": 9, "reopen": 2}), probe  # EBADF; EACCES/ENOENT
+        assert s.run("print(x)").stdout == "1\n"
     assert_pool_healthy(any_pool)
 
 

@@ -57,6 +57,7 @@ StatusMessage = Annotated[Done | Exit | Fault, Field(discriminator="type")]
 class Ready(_Message):
     type: Literal["ready"]
     executor_pid: Annotated[int, Field(gt=0)]
+    runner_pid: Annotated[int, Field(gt=0)]
     workdir: Annotated[str, Field(max_length=4096)]
 
 

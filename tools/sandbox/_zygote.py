@@ -20,13 +20,17 @@ minimal environment. The processes:
   with the namespace), a private ``/proc``, and the interpreter's own directories bound back
   if they sit under a directory other users cannot enter (e.g. a pyenv under ``/root``). With
   a PID namespace E is its init, and its death kills every process the code started. E is the
-  only process of the call that holds the host's status pipe: it reports the runner's exit,
-  relays a session's per-call results after checking them, and never runs user code.
+  only process of the call that holds the host's status pipe, and it never runs user code: it
+  reports each call's result after checking it, and the runner's death.
 * **runner** (R) -- E's child. It loads the seccomp filter, reads the host's request, applies
   rlimits, drops to the call's uid, clears the environment and ``exec``s the code in a fresh
   ``__main__``. Before the code runs it has closed every descriptor of the host's channel: a
-  one-shot call holds only stdin, stdout and stderr and ends by exiting; a session keeps one
-  pipe each way to E, whose records E checks (size, schema, sequence) before telling the host.
+  one-shot call holds only stdin, stdout and stderr; a session also the read end of the
+  request pipe, on which its next request arrives (root's, mode 0600: the code can read its
+  own requests, never write there). R ends a call by writing a small result record into a
+  page it shares with E and stopping itself (SIGSTOP): the kernel tells E of the stop, and E
+  checks the record (size, schema, sequence number) before it tells the host, which then
+  continues a session's R (SIGCONT through a pidfd) with the next request.
 
 Where the kernel refuses namespaces (or ``isolation="rlimits"`` is asked for), the executor runs
 in a fresh temporary directory on the host's disk, leading its own process group, with the same
@@ -34,9 +38,9 @@ rlimits, seccomp filter and uid drop (when we are root); killing targets the pro
 as the call's uid, every process that escaped it. docs/tools.md says what that mode does not
 enforce.
 
-Messages are length-prefixed JSON on pipes (a session's result records: one JSON line); over
-the SEQPACKET sockets each datagram is one such message, optionally carrying file descriptors.
-Every reader bounds what it buffers and checks what it parses.
+Messages are length-prefixed JSON on pipes; over the SEQPACKET sockets each datagram is one
+such message, optionally carrying file descriptors. Every reader bounds what it buffers and
+checks what it parses.
 """
 
 from __future__ import annotations
@@ -379,11 +383,9 @@ class HeadTail:
 # executor and runner: run the user's code
 # ------------------------------------------------------------------------------------------------
 # Descriptor numbers inside the executor (E) and the runner (R). Only R runs user code, and it
-# closes every descriptor of the host's channel before it does (see _runner_loop).
-_FD_REQ = 3        # host -> R: the first request (R reads it, then closes it)
+# closes every descriptor that carries anything back to the host before it does.
+_FD_REQ = 3        # host -> R: the requests (a one-shot R closes it after the first; E never has it)
 _FD_STATUS = 4     # E -> host: done / exit / fault (R writes "setup" on it, then closes it)
-_FD_CALL_IN = 5    # E -> R: the later requests of a session (R's read end)
-_FD_FORWARD = 6    # E's write end of _FD_CALL_IN
 
 MAX_REQUEST_BYTES = 16 * 1024 * 1024  # the largest request (code and limits) the host sends
 # R ends each call by writing a result record (one JSON object) into a page it shares with E
@@ -587,39 +589,22 @@ def executor_main(fds: dict[str, int], caps: dict[str, Any], uid: int | None, tm
         _reset_signals()
         workdir = _setup_executor(caps, uid, tmpfs_mb)
         devnull = os.open(os.devnull, os.O_RDONLY)
-        call_in_r, call_in_w = os.pipe()
-        _place_fds({
-            0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"],
-            _FD_CALL_IN: call_in_r, _FD_FORWARD: call_in_w,
-        })  # fmt: skip
+        _place_fds({0: devnull, 1: fds["out"], 2: fds["err"], _FD_REQ: fds["req"], _FD_STATUS: fds["status"]})
         status_fd = _FD_STATUS
         os.setsid()  # a fresh scheduler autogroup (and, without a PID namespace, the group the host kills)
         if not caps["pid"]:
             _c().prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0)
         page = mmap.mmap(-1, RESULT_PAGE_BYTES, flags=mmap.MAP_SHARED)  # anonymous: no descriptor
-        wake = _watch_children()
         runner = os.fork()
         if runner == 0:
-            _close(_FD_FORWARD, *wake)
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _runner_main(workdir, uid, caps, page)
-        _close(0, 1, 2, _FD_CALL_IN)  # stdout and stderr reach EOF once R and its children are gone
+        _close(0, 1, 2, _FD_REQ)  # stdout and stderr reach EOF once R and its children are gone
     except BaseException as exc:
         try:
             _write_fd_message(status_fd, {"type": "setup_failed", "error": f"{type(exc).__name__}: {exc}"})
         finally:
             os._exit(70)
-    _Relay(runner, wake[0], caps, page).serve()
-
-
-def _watch_children() -> tuple[int, int]:
-    """A pipe that becomes readable on SIGCHLD (a child's exit or stop), so E can select() on
-    its children and the host's requests at once."""
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    return wake_r, wake_w
+    _Relay(runner, caps, page).serve()
 
 
 def _runner_main(workdir: str, uid: int | None, caps: dict[str, Any], page: mmap.mmap) -> NoReturn:
@@ -669,33 +654,33 @@ def encode_result(seq: int, exit_code: int, reason: str | None) -> bytes:
 
 
 def _end_call(page: mmap.mmap, seq: int, exit_code: int, reason: str | None) -> None:
-    """Publish the call's result and stop until E continues R (a session's next request) or
-    the call is torn down. SIGSTOP can be neither caught nor blocked."""
+    """Publish the call's result and stop until the host continues R (a session's next
+    request) or the call is torn down. SIGSTOP can be neither caught nor blocked."""
     record = encode_result(seq, exit_code, reason)
     page[:] = record + bytes(RESULT_PAGE_BYTES - len(record))
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def _runner_loop(workdir: str, uid: int | None, page: mmap.mmap) -> NoReturn:
-    """Serve the first request (from the host), then -- in a session -- those E forwards.
+    """Serve the request, or -- in a session -- one request per continue from the host.
 
-    Before any user code runs, R closes the host's request pipe; a one-shot call also closes
-    the session pipe from E, so the code holds nothing but stdin, stdout and stderr. A session
-    keeps only the read end of that pipe (created by E as root, mode 0600: the code cannot
-    re-open it for writing through /proc)."""
+    A one-shot call closes the request pipe before the code runs, so the code holds nothing
+    but stdin, stdout and stderr. A session keeps only the read end of that pipe, on which its
+    next request arrives: the pipe was made by root with mode 0600, so the code can neither
+    write to it nor re-open it for writing through /proc; it can only read its own session's
+    requests."""
     import builtins
     import types
 
     main_module = types.ModuleType("__main__")
     main_module.__dict__["__builtins__"] = builtins
     req = _read_fd_message(_FD_REQ, MAX_REQUEST_BYTES)
-    os.close(_FD_REQ)
     if not isinstance(req, dict):
         os._exit(0)
     session = bool(req.get("session"))
     seq = req.get("seq", 1)
     if not session:
-        os.close(_FD_CALL_IN)
+        os.close(_FD_REQ)
     try:
         os.environ.clear()
         os.environ.update(_exec_env(workdir))
@@ -719,60 +704,38 @@ def _runner_loop(workdir: str, uid: int | None, page: mmap.mmap) -> NoReturn:
         _end_call(page, seq, code, reason)
         if not session:
             os._exit(code)  # only if something continued R: E reported the call already
-        req = _read_fd_message(_FD_CALL_IN, MAX_REQUEST_BYTES)
+        req = _read_fd_message(_FD_REQ, MAX_REQUEST_BYTES)
         if not isinstance(req, dict):
             os._exit(0)
         seq = req.get("seq")
 
 
 class _Relay:
-    """E's event loop: reap children, turn R's stops into checked results, forward a session's
-    later requests to R, and tell the host what happened -- in messages E writes itself.
+    """E's loop: wait for R to stop or end, check what it says, and tell the host -- in
+    messages E writes itself. It also reaps every orphan (E is their init or subreaper).
 
-    A stop of R is the end of a call; the page must then hold exactly one well-formed record
-    for the call in flight. Anything else (no record, a malformed one, a wrong sequence number,
-    a stop while no call runs) is a *fault*: E reports it, kills the call and exits. E never
-    blocks on R: it writes requests to R without blocking."""
+    A stop of R is the end of a call; the shared page must then hold exactly one well-formed
+    record for that call (sequence numbers go 1, 2, 3...). Anything else -- no record, a
+    malformed one, a wrong sequence number -- is a *fault*: E reports it, kills the call and
+    exits. E reads nothing but the kernel's wait statuses and that page."""
 
-    def __init__(self, runner: int, wake_fd: int, caps: dict[str, Any], page: mmap.mmap) -> None:
+    def __init__(self, runner: int, caps: dict[str, Any], page: mmap.mmap) -> None:
         self.runner = runner
         self.runner_alive = True
-        self.wake_fd = wake_fd
         self.caps = caps
         self.page = page
-        self.expect: int | None = 1  # seq of the call in flight (the first: R reads it itself)
-        self.relaying = False  # a session: E reads the host's requests after the first result
-        self.incoming = bytearray()
-        self.outgoing = b""
-        os.set_blocking(_FD_FORWARD, False)
+        self.expect = 1
 
     def serve(self) -> NoReturn:
         while True:
-            rlist = [self.wake_fd]
-            if self.relaying and self.expect is None:
-                rlist.append(_FD_REQ)
-            wlist = [_FD_FORWARD] if self.outgoing else []
-            readable, writable, _ = select.select(rlist, wlist, [])
-            if self.wake_fd in readable:
-                _drain_nonblocking(self.wake_fd)
-            if _FD_REQ in readable:
-                self._read_request()
-            if _FD_FORWARD in writable:
-                self._forward()
-            self._reap()
-
-    def _reap(self) -> None:
-        while True:
             try:
-                pid, status, usage = os.wait4(-1, os.WNOHANG | os.WUNTRACED)
+                pid, status, usage = os.wait4(-1, os.WUNTRACED)
             except ChildProcessError:
-                return
+                os._exit(0)
             except InterruptedError:
                 continue
-            if pid == 0:
-                return
             if pid != self.runner:
-                continue  # an orphan reaped (or a stopped one, which the end of the call kills)
+                continue  # an orphan reaped (or a stopped one: the end of the call kills it)
             if os.WIFSTOPPED(status):
                 self._take_result(os.WSTOPSIG(status))
             else:
@@ -787,65 +750,21 @@ class _Relay:
         if record is None:
             self._fault(f"the sandboxed program stopped (signal {stop_signal}) without a well-formed result")
         seq, exit_code, reason = record
-        if self.expect is None:
-            self._fault("the sandboxed program reported a result while no call was running")
         if seq != self.expect:
             self._fault(f"the sandboxed program reported a result for call {seq}, not {self.expect}")
-        self.expect = None
-        self.relaying = True
+        self.expect += 1
         _write_fd_message(_FD_STATUS, {"type": "done", "seq": seq, "exit_code": exit_code, "reason": reason})
-
-    def _read_request(self) -> None:
-        try:
-            data = os.read(_FD_REQ, 1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
-        if not data:
-            self._finish(None)  # the host let go of the session
-        self.incoming += data
-        if len(self.incoming) < _HEADER.size:
-            return
-        (size,) = _HEADER.unpack(self.incoming[: _HEADER.size])
-        if size > MAX_REQUEST_BYTES:
-            self._fault(f"a request of {size} bytes is over the sandbox's {MAX_REQUEST_BYTES}")
-        end = _HEADER.size + size
-        if len(self.incoming) < end:
-            return
-        frame = bytes(self.incoming[:end])
-        del self.incoming[:end]
-        try:
-            seq = json.loads(frame[_HEADER.size :].decode("utf-8"))["seq"]
-        except (ValueError, KeyError, TypeError):
-            self._fault("the host sent a request without a sequence number")
-        self.expect = int(seq)
-        self.outgoing = frame
-        self._forward()
-        try:
-            os.kill(self.runner, signal.SIGCONT)  # R reads the request once it runs again
-        except ProcessLookupError:
-            pass
-
-    def _forward(self) -> None:
-        try:
-            n = os.write(_FD_FORWARD, self.outgoing)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:  # R is exiting, or the code closed its end: the call times out
-            self.outgoing = b""
-            return
-        self.outgoing = self.outgoing[n:]
 
     def _fault(self, why: str) -> NoReturn:
         self._finish({"type": "fault", "error": why}, kill=True)
 
-    def _finish(self, message: dict[str, Any] | None, kill: bool = False) -> NoReturn:
-        """Report (when there is something to say) and end the call: with a PID namespace E's
-        exit kills everything in it; without one E kills its process group, itself included."""
-        if message is not None:
-            try:
-                _write_fd_message(_FD_STATUS, message)
-            except OSError:
-                pass
+    def _finish(self, message: dict[str, Any], kill: bool = False) -> NoReturn:
+        """Report and end the call: with a PID namespace E's exit kills everything in it;
+        without one E kills its process group, itself included."""
+        try:
+            _write_fd_message(_FD_STATUS, message)
+        except OSError:
+            pass
         if self.runner_alive:
             try:
                 os.kill(self.runner, signal.SIGKILL)
@@ -872,14 +791,6 @@ def parse_result(raw: bytes) -> tuple[int, int, str | None] | None:
     if reason is not None and reason not in RESULT_REASONS:
         return None
     return seq, exit_code, reason
-
-
-def _drain_nonblocking(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except (BlockingIOError, InterruptedError):
-        pass
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1037,15 +948,19 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
         os.set_blocking(fd, False)
     ex = _Executor(pid, caps, uid)
     setup = _await_setup(status_r, 30.0)
+    runner = _find_runner(pid) if setup.get("type") == "setup" else None
+    if setup.get("type") == "setup" and runner is None:
+        setup = {"type": "setup_failed", "error": "the runner process could not be found"}
     try:
         try:
-            if setup.get("type") == "setup":
-                ready = {"type": "ready", "executor_pid": pid, "workdir": setup["workdir"]}
-                socket.send_fds(host, [encode_message(ready)], [req_w, status_r, out_r, err_r])
+            if runner is not None:
+                ready = {"type": "ready", "executor_pid": pid, "runner_pid": runner[0], "workdir": setup["workdir"]}
+                pidfd = [runner[1]] if runner[1] is not None else []
+                socket.send_fds(host, [encode_message(ready)], [req_w, status_r, out_r, err_r, *pidfd])
             else:
                 host.send(encode_message({"type": "failed", "error": str(setup.get("error"))}))
         finally:
-            for fd in (req_w, status_r, out_r, err_r):
+            for fd in (req_w, status_r, out_r, err_r) + ((runner[1],) if runner and runner[1] is not None else ()):
                 os.close(fd)
         if setup.get("type") == "setup":
             _guard(host, ex)
@@ -1057,6 +972,31 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
         if setup.get("type") == "setup" and not caps["filesystem"]:
             shutil.rmtree(setup["workdir"], ignore_errors=True)
     os._exit(0)
+
+
+def _executor_children(executor: int) -> list[int]:
+    try:
+        with open(f"/proc/{executor}/task/{executor}/children", encoding="ascii") as fh:
+            return [int(x) for x in fh.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _find_runner(executor: int) -> tuple[int, int | None] | None:
+    """The runner's pid (as the host sees it) and a pidfd for it: the host continues a
+    session's runner with SIGCONT. Once set up, the executor has exactly one child."""
+    children = _executor_children(executor)
+    if len(children) != 1:
+        return None
+    try:
+        pidfd: int | None = os.pidfd_open(children[0])
+    except (AttributeError, OSError):
+        pidfd = None
+    if _executor_children(executor) != children:  # still the executor's child: the pidfd is the runner's
+        if pidfd is not None:
+            os.close(pidfd)
+        return None
+    return children[0], pidfd
 
 
 def _reap_children(deadline: float) -> None:

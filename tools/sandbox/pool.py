@@ -55,22 +55,25 @@ class _Worker:
         self.caps = caps
         self.executor_pid: int | None = None
         self.pidfd: int | None = None
+        self.runner_pid: int | None = None
+        self.runner_pidfd: int | None = None  # from the supervisor, which checked whose it is
         self.fds: dict[str, int] = {}
         self.status_buf = bytearray()
         self.seq = 0  # calls sent to this worker; the executor's reports carry the number
         self.exited: dict[str, Any] | None = None  # the supervisor's report of the executor's end
 
     def wait_ready(self, timeout_s: float) -> str | None:
-        """Receive the runner's pipes; returns an error message if the worker is unusable."""
+        """Receive the call's pipes (and the runner's pidfd); returns an error message if the
+        worker is unusable."""
         if self.fds:
             return None
         try:
             self.sock.settimeout(timeout_s)
-            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 4)
+            data, fds, _, _ = socket.recv_fds(self.sock, 65536, 5)
         except OSError as exc:
             return f"the sandbox worker did not become ready: {exc}"
         msg = _messages.parse_supervisor(data) if data else None
-        if not isinstance(msg, _messages.Ready) or len(fds) != 4:
+        if not isinstance(msg, _messages.Ready) or len(fds) not in (4, 5):
             for fd in fds:
                 os.close(fd)
             if isinstance(msg, _messages.Failed):
@@ -80,7 +83,9 @@ class _Worker:
             else:
                 why = "the supervisor exited before it was ready"
             return f"sandbox set-up failed: {why}"
-        self.fds = dict(zip(("req", "status", "out", "err"), fds))
+        self.fds = dict(zip(("req", "status", "out", "err"), fds[:4]))
+        self.runner_pidfd = fds[4] if len(fds) == 5 else None
+        self.runner_pid = msg.runner_pid
         os.set_blocking(self.fds["req"], False)  # requests are written against the call's deadline
         self.executor_pid = msg.executor_pid
         try:
@@ -95,6 +100,16 @@ class _Worker:
             self.sock.send(_zygote.encode_message(msg))
         except OSError:
             pass
+
+    def continue_runner(self) -> None:
+        """SIGCONT the runner, stopped at the end of a session's previous call."""
+        try:
+            if self.runner_pidfd is not None:
+                signal.pidfd_send_signal(self.runner_pidfd, signal.SIGCONT)
+            elif self.runner_pid is not None:
+                os.kill(self.runner_pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass  # gone: the executor reports how it ended
 
     def kill_executor(self) -> None:
         """SIGKILL the executor (with a PID namespace: everything the code started)."""
@@ -120,13 +135,14 @@ class _Worker:
             pass
 
     def close(self) -> None:
-        for fd in list(self.fds.values()) + ([self.pidfd] if self.pidfd is not None else []):
+        pidfds = [fd for fd in (self.pidfd, self.runner_pidfd) if fd is not None]
+        for fd in list(self.fds.values()) + pidfds:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.fds = {}
-        self.pidfd = None
+        self.pidfd = self.runner_pidfd = None
         try:
             self.sock.close()  # the supervisor sees EOF: it kills, reaps and cleans up
         except OSError:
@@ -554,6 +570,8 @@ def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[
     sent = _send_request(worker.fds["req"], data, deadline)
     if sent is not None and sent != "timeout":
         return _failure(sent)
+    if worker.seq > 1:
+        worker.continue_runner()  # a session's runner stopped at the end of its previous call
     killed: str | None = "timeout" if sent == "timeout" else None
     worker.notify({"type": "call", "timeout_s": lim.timeout_s})
     status_open = True
