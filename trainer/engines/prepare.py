@@ -16,6 +16,7 @@ from their headers (:class:`relax_gym.media.MediaLimits`), and finally prompt to
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
@@ -224,9 +225,13 @@ def tokenize_bounded(tokenizer: Any, text: str, max_tokens: int) -> list[int]:
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
-def decode_images(items: list[Any], *, limits: InputLimits) -> list[Image.Image]:
+def decode_images(
+    items: list[Any], *, limits: InputLimits | None = None, allow_paths: bool | None = None
+) -> list[Image.Image]:
     """Decode ``image_data`` entries: data URLs or bare base64 (local file paths only if allowed),
-    each within ``limits`` (encoded bytes, pixels from the header) before it is decoded."""
+    each within ``limits`` (encoded bytes, pixels from the header) before it is decoded.
+    ``allow_paths`` (the older keyword) overrides ``limits.allow_media_paths``."""
+    limits = _with_paths(limits or InputLimits(), allow_paths)
     check_image_count(len(items), limits)
     media_limits = limits.media()
     images = []
@@ -253,9 +258,21 @@ def decode_images(items: list[Any], *, limits: InputLimits) -> list[Image.Image]
     return images
 
 
-def prepare_prompt(req: GenerateRequest, runner: ModelRunner, limits: InputLimits | None = None) -> PreparedPrompt:
+def _with_paths(limits: InputLimits, allow_paths: bool | None) -> InputLimits:
+    if allow_paths is None or allow_paths == limits.allow_media_paths:
+        return limits
+    return dataclasses.replace(limits, allow_media_paths=allow_paths)
+
+
+def prepare_prompt(
+    req: GenerateRequest,
+    runner: ModelRunner,
+    limits: InputLimits | None = None,
+    *,
+    allow_media_paths: bool | None = None,
+) -> PreparedPrompt:
     """Token ids (and Qwen-VL image inputs) for a request; raises BadRequest."""
-    limits = limits or InputLimits()
+    limits = _with_paths(limits or InputLimits(), allow_media_paths)
     if req.audio_data:
         raise BadRequest("audio_data is not supported by the embedded engine")
     if req.video_data:

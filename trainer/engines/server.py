@@ -497,9 +497,11 @@ def build_app(service: EngineService) -> Starlette:
         )
 
     async def server_info(request: Request) -> Response:
+        snapshot = engine.snapshot()
+        snapshot["bad_requests"] += service.bodies.too_large + service.bodies.too_slow  # refused unread
         return JSONResponse(
             {
-                **engine.snapshot(),
+                **snapshot,
                 "in_flight_http": service.in_flight,
                 "unauthorized_requests": service.unauthorized,
                 "request_bodies": {
