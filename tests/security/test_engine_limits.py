@@ -1,8 +1,9 @@
 """Attacks on the embedded engine's input handling: each must get a 4xx at once, with memory bounded,
 while the engine keeps serving everyone else.
 
-One real server (tiny-BPE Qwen3, context 8192) runs for the module with small limits so the attacks
-stay cheap: 2 MiB bodies, 4 MiB of bodies held at once, 2 s to send a body, 2 images per request.
+One real server (tiny-BPE Qwen3, context 8192, an API key on the control routes) runs for the
+module with small limits so the attacks stay cheap: 2 MiB bodies (the weight upload keeps its
+1 GiB), 4 MiB of bodies held at once, 2 s to send a body, 2 images per request.
 Media attacks (decompression bombs, long clips, device files) run against the loaders directly.
 """
 
@@ -33,6 +34,7 @@ from relax_gym.trainer.models import build_tiny_model
 from relax_gym import MediaError, media
 
 MiB = 1 << 20
+KEY = "limits-test-key"
 LIMIT_ARGS = [
     "--max-request-mb", "2",
     "--max-buffered-mb", "4",
@@ -47,7 +49,7 @@ LIMIT_ARGS = [
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedEngineProcess]:
     model = build_tiny_model("qwen3", tmp_path_factory.mktemp("m") / "bpe", tokenizer="tiny-bpe", seed=0)
-    proc = EmbeddedEngineProcess(model, threads=1, extra_args=LIMIT_ARGS)
+    proc = EmbeddedEngineProcess(model, threads=1, api_key=KEY, extra_args=LIMIT_ARGS)
     proc.start()
     yield proc
     proc.stop()
@@ -74,7 +76,9 @@ def status_of(reply: bytes) -> int | None:
     return int(reply[9:12])
 
 
-def stream_chunked(port: int, total: int, *, chunk: int = MiB, path: str = "/generate", finish: bool = True) -> tuple[int | None, bytes, int]:
+def stream_chunked(
+    port: int, total: int, *, chunk: int = MiB, path: str = "/generate", finish: bool = True, headers: str = ""
+) -> tuple[int | None, bytes, int]:
     """POST a chunked JSON body of up to ``total`` bytes, stopping as soon as the server answers.
 
     Returns (status, reply bytes, body bytes sent). The body is a valid JSON text prompt when
@@ -84,7 +88,7 @@ def stream_chunked(port: int, total: int, *, chunk: int = MiB, path: str = "/gen
     reply, sent = b"", 0
     try:
         sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{headers}"
             "Transfer-Encoding: chunked\r\n\r\n".encode()
         )
         head = b'{"text": "'
@@ -170,6 +174,18 @@ def test_many_oversize_bodies_at_once_keep_memory_bounded(engine: EmbeddedEngine
     good_request(engine)
 
 
+def test_weight_upload_limit_is_only_for_key_holders(engine: EmbeddedEngineProcess) -> None:
+    """The 1 GiB weight route: without the key nothing is buffered (401); with it, the cap holds."""
+    before = rss(engine)
+    status, reply, sent = stream_chunked(engine.port or 0, 48 * MiB, path="/update_weights_from_tensor")
+    assert status == 401, reply[:300]
+    assert rss(engine) - before < 32 * MiB
+    auth = f"Authorization: Bearer {KEY}\r\n"
+    status, reply, _ = stream_chunked(engine.port or 0, 8 * MiB, path="/abort_request", headers=auth)
+    assert status == 413, reply[:300]  # other control routes keep the 2 MiB cap
+    good_request(engine)
+
+
 def test_held_bodies_share_one_budget(engine: EmbeddedEngineProcess) -> None:
     """Bodies under the per-request cap still cannot together hold more than 4 MiB: 503 at once."""
     socks = []
@@ -181,7 +197,7 @@ def test_held_bodies_share_one_budget(engine: EmbeddedEngineProcess) -> None:
             sock.sendall(b"%x\r\n%s\r\n" % (len(data), data))
             socks.append(sock)
         time.sleep(0.3)
-        reply = _read_reply(socks[-1], 3.0)
+        reply = _read_reply(socks[-1], 10.0)
         assert status_of(reply) == 503, reply[:300]
         good_request(engine)  # small requests are never charged to the budget
     finally:
@@ -200,8 +216,9 @@ def test_trickled_body_times_out(engine: EmbeddedEngineProcess) -> None:
 
 
 def test_deeply_nested_json_is_a_400(engine: EmbeddedEngineProcess) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
     for route in ("/generate", "/v1/chat/completions", "/abort_request"):
-        reply = httpx.post(f"{engine.url}{route}", content=b"[" * 200_000, timeout=10)
+        reply = httpx.post(f"{engine.url}{route}", content=b"[" * 200_000, headers=auth, timeout=10)
         assert reply.status_code == 400 and "nested too deeply" in reply.json()["error"]["message"], route
 
 

@@ -210,6 +210,8 @@ class BodyLimitMiddleware:
     body is then discarded as it arrives, never stored. Bytes past ``free_bytes`` of every body are
     also charged to one shared budget for as long as the request runs, so many large bodies
     at once get 503 instead of exhausting memory, while small requests are never refused.
+    A request that ``may_read`` refuses (no valid API key for its route) is passed on with an
+    empty body, never buffered, so the 1 GiB weight-upload limit is open to key holders only.
     """
 
     def __init__(
@@ -221,8 +223,10 @@ class BodyLimitMiddleware:
         free_bytes: int,
         timeout_s: float,
         stats: BodyStats | None = None,
+        may_read: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
+        self.may_read = may_read or (lambda scope: True)
         self.limit_for = limit_for
         self.budget_bytes = budget_bytes
         self.free_bytes = free_bytes
@@ -232,6 +236,9 @@ class BodyLimitMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if not self.may_read(scope):  # the route answers 401 without a body; the body is discarded
+            await self.app(scope, _replay(b"", receive), send)
             return
         limit = self.limit_for(scope["path"])
         declared = _content_length(scope)
@@ -304,6 +311,11 @@ class BodyLimitMiddleware:
         return True
 
 
+def _bearer_ok(header: str, key: str) -> bool:
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope.get("headers", []):
         if name == b"content-length" and value.isdigit():
@@ -373,13 +385,17 @@ class EngineService:
 
     def check_auth(self, request: Request) -> None:
         key = self.config.api_key
-        if not key:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        if key and not _bearer_ok(request.headers.get("authorization", ""), key):
             self.unauthorized += 1
             raise HTTPError(401, "missing or wrong API key (send Authorization: Bearer <key>)", "AuthenticationError")
+
+    def may_read_body(self, scope: Scope, protected: frozenset[str]) -> bool:
+        """False for a request its route will refuse with 401: its body is then never read."""
+        key = self.config.api_key
+        if not key or (scope["path"] not in protected and not self.config.protect_generation):
+            return True
+        header = next((v for k, v in scope.get("headers", []) if k == b"authorization"), b"")
+        return _bearer_ok(header.decode("latin-1"), key)
 
     # -- generation ---------------------------------------------------------------------------
     async def prepare(self, req: GenerateRequest, *, heavy: bool = True) -> PreparedPrompt:
@@ -625,7 +641,11 @@ def build_app(service: EngineService) -> Starlette:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
         return JSONResponse({"success": ok, "message": "destroyed" if ok else f"no group {name!r}"})
 
+    protected: set[str] = set()
+
     def r(path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str], *, control: bool) -> Route:
+        if control:
+            protected.add(path)
         return Route(path, _route(service, fn, control=control), methods=methods)
 
     routes = [
@@ -645,6 +665,7 @@ def build_app(service: EngineService) -> Starlette:
         r("/update_weights_from_distributed", update_distributed, ["POST"], control=True),
         r("/destroy_weights_update_group", destroy_group, ["POST"], control=True),
     ]
+    frozen = frozenset(protected)
     body_limit = Middleware(
         BodyLimitMiddleware,
         limit_for=cfg.body_limit,
@@ -652,6 +673,7 @@ def build_app(service: EngineService) -> Starlette:
         free_bytes=cfg.small_body_bytes,
         timeout_s=cfg.body_timeout_s,
         stats=service.bodies,
+        may_read=lambda scope: service.may_read_body(scope, frozen),
     )
     return Starlette(routes=routes, middleware=[body_limit])
 
