@@ -12,6 +12,7 @@ same seed compare equal and the checker can prove determinism down to the bytes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -138,6 +139,29 @@ class VideoPart:
         return hash((self.id, self.fps, self.frames.shape))
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone UTF-16 surrogates (``"\\ud800"``, which a JSON escape or a bad
+    decoder can produce) replaced by U+FFFD: they cannot be encoded as UTF-8, so they would
+    crash a tokenizer, a JSON writer or a subprocess pipe far from where they came in."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def action_text(value: Any) -> str:
+    """The model's text as a clean ``str``: ``None`` (an OpenAI-style reply that only calls
+    tools) is ``""``, ``bytes`` are decoded as UTF-8 with replacement; anything else raises a
+    TypeError that names the type."""
+    if value is None:
+        return ""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if not isinstance(value, str):
+        raise TypeError(f"Action.text must be str (or None / UTF-8 bytes), got {type(value).__name__}")
+    return clean_text(str(value))
+
+
 ContentPart: TypeAlias = TextPart | ImagePart | AudioPart | VideoPart
 MEDIA_PART_TYPES = (ImagePart, AudioPart, VideoPart)
 
@@ -163,6 +187,18 @@ class ToolCall:
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
     id: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"ToolCall.name must be str, got {type(self.name).__name__}")
+        if self.arguments is None:
+            object.__setattr__(self, "arguments", {})
+        elif not isinstance(self.arguments, dict):
+            raise TypeError(f"ToolCall.arguments must be a dict, got {type(self.arguments).__name__}")
+        if self.id is None:
+            object.__setattr__(self, "id", "")
+        elif not isinstance(self.id, str):
+            raise TypeError(f"ToolCall.id must be str, got {type(self.id).__name__}")
 
     def arguments_json(self) -> str:
         return json.dumps(self.arguments, ensure_ascii=False, sort_keys=True)
@@ -297,22 +333,44 @@ class Action:
     """The model's turn: its raw text, the tool calls parsed from it, and what failed to parse.
 
     Parsing never raises; a malformed call becomes a string in ``parse_errors`` that the
-    environment turns into an error observation for the model.
+    environment turns into an error observation for the model. Construction normalises what
+    a client may hand over: ``text=None`` is ``""``, ``bytes`` are decoded as UTF-8, lone
+    surrogates become U+FFFD, ``None`` lists are empty; any other type is a TypeError here,
+    never a crash inside an env's ``step``.
     """
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.text = action_text(self.text)
+        self.tool_calls = _typed_list(self.tool_calls, ToolCall, "tool_calls")
+        self.parse_errors = [clean_text(e) for e in _typed_list(self.parse_errors, str, "parse_errors")]
+
     @classmethod
-    def coerce(cls, action: Action | str) -> Action:
-        """Accept a bare string as the model's text; anything else must already be an Action."""
+    def coerce(cls, action: Action | str | None) -> Action:
+        """Accept a bare string (or ``None``: an empty turn, or UTF-8 bytes) as the model's
+        text; anything else must already be an Action."""
         if isinstance(action, Action):
             return action
-        if isinstance(action, str):
-            return cls(text=action)
+        if action is None or isinstance(action, (str, bytes, bytearray)):
+            return cls(text=action)  # type: ignore[arg-type]  # normalised in __post_init__
         raise TypeError(f"an action must be relax_gym.Action or str, got {type(action).__name__}")
 
     @property
     def has_errors(self) -> bool:
         return bool(self.parse_errors)
+
+
+def _typed_list(value: Any, kind: type, what: str) -> list[Any]:
+    """``value`` as a list whose items are all ``kind`` (``None`` is empty); else a TypeError."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"Action.{what} must be a list of {kind.__name__}, got {type(value).__name__}")
+    items = list(value)
+    for item in items:
+        if not isinstance(item, kind):
+            raise TypeError(f"Action.{what} must hold {kind.__name__} items, got {type(item).__name__}")
+    return items
