@@ -7,12 +7,12 @@ numbers. The label is one box or a list of boxes in the same coordinates.
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from relax_gym.rewards.math_extract import find_boxed
+from relax_gym.answers import last_boxed, loads_json
 from relax_gym.rewards.registry import Score, reward
 from relax_gym.rewards.types import RewardError, RewardInput
 
@@ -47,9 +47,19 @@ def _json_boxes(obj: Any) -> list[list[float]]:
         return []
     if isinstance(obj, list):
         if len(obj) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in obj):
-            return [list(obj)]
+            box = [_finite(v) for v in obj]
+            return [box] if all(v is not None for v in box) else []  # type: ignore[list-item]
         return [b for item in obj for b in _json_boxes(item)]
     return []
+
+
+def _finite(value: float | str) -> float | None:
+    """``float(value)`` when it is a finite number (a 400-digit int overflows float)."""
+    try:
+        out = float(value)
+    except OverflowError:
+        return None
+    return out if math.isfinite(out) else None
 
 
 def parse_boxes(text: str) -> list[list[float]]:
@@ -60,12 +70,13 @@ def parse_boxes(text: str) -> list[list[float]]:
         cand = cand.strip()
         if cand[:1] in "[{":
             try:
-                boxes = _json_boxes(json.loads(cand))
-            except ValueError:
+                boxes = _json_boxes(loads_json(cand))
+            except ValueError:  # bad, too deep or too long: not JSON boxes
                 boxes = []
             if boxes:
                 return boxes[:MAX_BOXES]
-    return [[float(g) for g in m.groups()] for m in _BOX4.finditer(text)][:MAX_BOXES]
+    groups = ([_finite(g) for g in m.groups()] for m in _BOX4.finditer(text))
+    return [box for box in groups if all(v is not None for v in box)][:MAX_BOXES]  # type: ignore[misc]
 
 
 def _label_boxes(label: Any) -> list[list[float]]:
@@ -102,8 +113,8 @@ def iou_reward(
     if box_format not in ("xyxy", "xywh"):
         raise RewardError("config", f"box_format must be 'xyxy' or 'xywh', got {box_format!r}")
     ref = [_to_xyxy(b, box_format) for b in _label_boxes(sample.label)]
-    boxed = find_boxed(sample.response)
-    pred_raw = parse_boxes(boxed[-1]) if boxed else []
+    boxed = last_boxed(sample.response)
+    pred_raw = parse_boxes(boxed) if boxed else []
     pred_raw = pred_raw or parse_boxes(sample.response)
     if not pred_raw:
         return Score(0.0, details={"boxes": []})

@@ -20,6 +20,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from relax_gym.answers import find_boxed
+
 MAX_VERDICT_CHARS = 100_000
 
 
@@ -38,7 +40,8 @@ def clean_reply(text: str) -> str:
 
 
 _VERDICT = re.compile(r"verdict\s*[:=\-]?\s*\[?\s*(correct|incorrect|wrong|right)\b", re.IGNORECASE)
-_BOXED_WORD = re.compile(r"\\boxed\{\s*(?:\\text\{)?\s*(correct|incorrect)\s*\}?\s*\}", re.IGNORECASE)
+# a verdict inside \boxed{} (boxes are found by the one matcher in relax_gym.answers)
+_BOXED_WORD = re.compile(r"\s*(?:\\text\{\s*(correct|incorrect)\s*\}|(correct|incorrect))\s*", re.IGNORECASE)
 _BARE_VERDICT = re.compile(r"^\W*(correct|incorrect)\W*$", re.IGNORECASE)
 
 
@@ -46,7 +49,7 @@ def parse_correctness(text: str) -> float:
     """``VERDICT: CORRECT`` -> 1.0, ``VERDICT: INCORRECT`` -> 0.0 (the last verdict wins)."""
     reply = clean_reply(text)
     hits = [m.group(1).lower() for m in _VERDICT.finditer(reply)] or [
-        m.group(1).lower() for m in _BOXED_WORD.finditer(reply)
+        (m.group(1) or m.group(2)).lower() for b in find_boxed(reply) if (m := _BOXED_WORD.fullmatch(b))
     ]
     if not hits and _BARE_VERDICT.match(reply):
         hits = [_BARE_VERDICT.match(reply).group(1).lower()]  # type: ignore[union-attr]
@@ -57,7 +60,7 @@ def parse_correctness(text: str) -> float:
 
 _NUM = r"(-?\d+(?:\.\d+)?)"
 _SCORE = re.compile(rf"(?:score|rating|grade)\s*(?:is|of)?\s*[:=]?\s*\[?\s*{_NUM}\s*(?:/\s*10\b|out\s+of\s+10\b)?", re.IGNORECASE)
-_BOXED_NUM = re.compile(rf"\\boxed\{{\s*{_NUM}\s*(?:/\s*10)?\s*\}}")
+_BOXED_NUM = re.compile(rf"\s*{_NUM}\s*(?:/\s*10)?\s*")
 _BARE_NUM = re.compile(rf"^\W*{_NUM}\s*(?:/\s*10)?\W*$")
 
 
@@ -65,7 +68,7 @@ def parse_score_0_10(text: str) -> float:
     """``SCORE: 7`` (or ``Score: 7/10``, ``\\boxed{7}``, a bare ``7``) -> 0.7. Values outside
     0..10 are unreadable, not clipped."""
     reply = clean_reply(text)
-    hits = [m.group(1) for m in _SCORE.finditer(reply)] or [m.group(1) for m in _BOXED_NUM.finditer(reply)]
+    hits = [m.group(1) for m in _SCORE.finditer(reply)] or [m.group(1) for b in find_boxed(reply) if (m := _BOXED_NUM.fullmatch(b))]
     if not hits and _BARE_NUM.match(reply):
         hits = [_BARE_NUM.match(reply).group(1)]  # type: ignore[union-attr]
     if not hits:

@@ -23,6 +23,7 @@ from typing import Any
 
 from relax_gym.rewards.math_extract import extract_answer, extract_reference
 from relax_gym.rewards.math_normalize import (
+    MAX_ANSWER_CHARS,
     Collection,
     Equation,
     Node,
@@ -79,9 +80,12 @@ def _close(a: Fraction, b: Fraction, rel_tol: float) -> bool:
 
 
 def _fast_scalar(a: str, b: str, rel_tol: float) -> bool | None:
-    """A verdict without sympy when one is certain, else None."""
+    """A verdict without sympy when one is certain, else None. An answer longer than
+    ``MAX_ANSWER_CHARS`` never reaches sympy: only its exact string comparison counts."""
     if answer_key(a) == answer_key(b):
         return True
+    if max(len(a), len(b)) > MAX_ANSWER_CHARS:
+        return False
     fa, fb = _as_fraction(a), _as_fraction(b)
     if fa is not None and fb is not None:
         return _close(fa, fb, rel_tol)

@@ -1,77 +1,44 @@
 """Finding the final answer in a model's response: ``\\boxed{...}``, then an "Answer:" line.
 
-Everything here is linear-time string scanning (no backtracking regex over the whole
-response), so a long or adversarial response cannot stall the caller.
+Boxes are read by the core's one matcher (:mod:`relax_gym.answers`, shared with the envs, so
+a reward grades the answer the env saw). Everything here is linear-time string scanning (no
+backtracking regex over the whole response), so a long or adversarial response cannot stall
+the caller.
 """
 
 from __future__ import annotations
 
 import re
 
-MAX_SCAN_CHARS = 200_000  # answers are at the end; a longer response is scanned from its tail
+from relax_gym.answers import find_boxed, last_boxed, scan_boxes
 
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+MAX_SCAN_CHARS = 200_000  # "Answer:" lines are at the end; a longer response is searched in its tail
+
 # "Answer: 5", "The final answer is 5", "#### 5" (GSM8K). Applied line by line.
 _MARKER = re.compile(
     r"(?:final\s+answer|answer)\s*(?:is\s*:?|:|=)\s*(?P<a>.+)$|^\s*####\s*(?P<b>.+)$",
     re.IGNORECASE,
 )
-
-
-def _braced(text: str, start: int) -> tuple[str, int] | None:
-    """The content of the brace group opening at ``text[start] == '{'`` and the index after it.
-    Escaped characters (``\\{``, ``\\}``, ``\\\\``) do not count as braces."""
-    depth = 0
-    i = start
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-        i += 1
-    return None
-
-
-def find_boxed(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` (and ``\\boxed 5``), in order."""
-    text = text[-MAX_SCAN_CHARS:]
-    out: list[str] = []
-    i = 0
-    for m in _BOX.finditer(text):
-        if m.start() < i:
-            continue  # a box inside a box: the outer one already holds it
-        j = m.end()
-        if j < len(text) and text[j] == "{":
-            got = _braced(text, j)
-            if got is None:
-                break  # unbalanced: the rest of the text holds no complete box
-            out.append(got[0].strip())
-            i = got[1]
-        elif j < len(text) and text[j] == " ":
-            tail = re.match(r" +([^\s$]+)", text[j : j + 200])
-            if tail:
-                out.append(tail.group(1))
-    return out
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 
 
 def strip_math_delimiters(s: str) -> str:
-    """Remove surrounding ``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]``."""
-    s = s.strip()
+    """Remove surrounding ``$...$``, ``$$...$$``, ``\\(...\\)``, ``\\[...\\]`` (repeatedly).
+    Works on indices and slices once, so ``"$" * n`` costs O(n), not O(n^2)."""
+    lo, hi = 0, len(s)
     changed = True
-    while changed and s:
+    while changed:
+        while lo < hi and s[lo].isspace():
+            lo += 1
+        while hi > lo and s[hi - 1].isspace():
+            hi -= 1
         changed = False
-        for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-            if len(s) >= len(left) + len(right) and s.startswith(left) and s.endswith(right):
-                s = s[len(left) : len(s) - len(right)].strip()
+        for left, right in _DELIMITERS:
+            if hi - lo >= len(left) + len(right) and s.startswith(left, lo, hi) and s.endswith(right, lo, hi):
+                lo, hi = lo + len(left), hi - len(right)
                 changed = True
                 break
-    return s
+    return s[lo:hi]
 
 
 def _marker_answer(text: str) -> str | None:
@@ -100,14 +67,15 @@ def extract_answer(text: str, *, fallback: str = "short") -> tuple[str | None, s
         raise ValueError("fallback must be 'short' or 'none'")
     if not isinstance(text, str):
         return None, "none"
-    boxes = find_boxed(text)
-    if boxes and boxes[-1]:
-        return boxes[-1], "boxed"
+    scan = scan_boxes(text)
+    boxed = scan.last
+    if boxed:
+        return boxed, "boxed"
     marked = _marker_answer(text)
     if marked:
         return strip_math_delimiters(marked), "marker"
     stripped = text.strip()
-    if boxes or _BOX.search(text[-MAX_SCAN_CHARS:]):
+    if scan.attempted:
         return None, "none"  # the model tried to box an answer but the box is empty or unclosed
     if fallback == "short" and stripped and "\n" not in stripped and len(stripped) < 200:
         return strip_math_delimiters(stripped).rstrip("."), "whole"
@@ -119,8 +87,8 @@ def extract_reference(label: object) -> str | None:
     if label is None:
         return None
     text = label if isinstance(label, str) else str(label)
-    boxes = find_boxed(text)
-    return boxes[-1] if boxes else strip_math_delimiters(text)
+    boxed = last_boxed(text)
+    return boxed if boxed is not None else strip_math_delimiters(text)
 
 
 __all__ = ["extract_answer", "extract_reference", "find_boxed", "strip_math_delimiters"]

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from relax_gym.rewards.math_extract import find_boxed
+from relax_gym.answers import scan_boxes
 from relax_gym.rewards.registry import Score, reward
 from relax_gym.rewards.types import RewardError, RewardInput, finite_float
 from relax_gym.types import Message
@@ -62,9 +62,10 @@ def format_tags(
 
 @reward("format_boxed")
 def format_boxed(sample: RewardInput) -> Score:
-    """1.0 when the response holds a non-empty ``\\boxed{...}`` answer, else 0.0."""
-    boxes = [b for b in find_boxed(sample.response) if b]
-    return Score(float(bool(boxes)), details={"boxes": len(boxes)})
+    """1.0 when the response's final answer is a non-empty ``\\boxed{...}`` (the box that
+    counts for ``math_equiv`` and the envs: the last one, closed), else 0.0."""
+    scan = scan_boxes(sample.response)
+    return Score(float(bool(scan.last)), details={"boxes": len(scan.complete)})
 
 
 def _get_parser(name: str) -> Any:
