@@ -14,9 +14,13 @@ Rules shared by all of them:
 * ``<think>...</think>`` is removed before parsing (also the form where the chat template
   opened the block and the output starts inside it); calls inside an unclosed ``<think>`` are
   ignored: the model was still thinking.
-* Parsing never raises. Every problem -- malformed JSON, a missing name, arguments that are
-  not an object, an unclosed or stray tag, too many calls -- becomes a :class:`ParseError`
-  (a string in ``Action.parse_errors``) that ToolEnv turns into a tool-error message.
+* Parsing never raises, and runs in time linear in the output's length: the output is model
+  text, so it may be adversarial. Every problem -- malformed JSON, JSON nested deeper than
+  :data:`~relax_gym.answers.MAX_JSON_DEPTH` levels or with a number of more than
+  :data:`~relax_gym.answers.MAX_INT_DIGITS` digits, a missing name, arguments that are not an
+  object, an unclosed or stray tag, too many calls -- becomes a :class:`ParseError` (a string
+  in ``Action.parse_errors``) that ToolEnv turns into a tool-error message. At most
+  :data:`MAX_CALL_ATTEMPTS` attempts are read from one output; one error stands for the rest.
 * Every call attempt in a turn -- parsed or not -- gets the id ``call_{turn}_{i}`` in order,
   so episodes are deterministic and an error can answer the attempt it belongs to. The
   ``openai`` parser keeps the server's ids when it sends them.
@@ -26,12 +30,18 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from relax_gym.types import Action, ToolCall, ToolSpec
+from relax_gym.answers import loads_json
+from relax_gym.types import Action, ToolCall, ToolSpec, clean_text
+
+MAX_CALL_ATTEMPTS = 64  # per output: more would flood the next observation with error messages
+MAX_NAME_CHARS = 80  # of a tool name quoted back in an error message
+MAX_LITERAL_CHARS = 20_000  # the longest <parameter> value ast.literal_eval will try
 
 # ------------------------------------------------------------------------------------------------
 # results
@@ -55,6 +65,7 @@ class ParseResult:
 
     text: str
     items: list[ToolCall | ParseError] = field(default_factory=list)
+    ignored: int = 0  # attempts past MAX_CALL_ATTEMPTS that were not decoded at all
 
     @property
     def calls(self) -> list[ToolCall]:
@@ -76,13 +87,27 @@ def call_id(turn: int, index: int) -> str:
 # ------------------------------------------------------------------------------------------------
 # shared helpers
 # ------------------------------------------------------------------------------------------------
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL)
+_OPEN_THINK, _CLOSE_THINK = "<think>", "</think>"
 
 
 def strip_thinking(text: str) -> str:
     """Remove reasoning: whole ``<think>`` blocks, a leading block the template opened (text
-    up to the first ``</think>``), and an unclosed trailing ``<think>``."""
-    text = _THINK_BLOCK.sub("", text)
+    up to the first ``</think>``), and an unclosed trailing ``<think>``. Linear time (``str.find``
+    from left to right; a lazy ``<think>.*?</think>`` regex rescans to the end for every
+    unclosed ``<think>``)."""
+    if not isinstance(text, str):
+        return ""
+    kept: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(_OPEN_THINK, pos)
+        end = text.find(_CLOSE_THINK, start + len(_OPEN_THINK)) if start >= 0 else -1
+        if end < 0:  # no more whole blocks: the rest is handled below
+            kept.append(text[pos:])
+            break
+        kept.append(text[pos:start])
+        pos = end + len(_CLOSE_THINK)
+    text = "".join(kept)
     if "</think>" in text:
         text = text.partition("</think>")[2]
     if "<think>" in text:
@@ -113,6 +138,22 @@ def _scan_blocks(body: str) -> list[tuple[str | None, str | None]]:
     return out
 
 
+def _quote(name: str) -> str:
+    """A model-chosen name for an error message: cut to :data:`MAX_NAME_CHARS` characters."""
+    return name if len(name) <= MAX_NAME_CHARS else name[:MAX_NAME_CHARS] + "..."
+
+
+def cap_attempts(items: list[ToolCall | ParseError], ignored: int = 0) -> list[ToolCall | ParseError]:
+    """The first :data:`MAX_CALL_ATTEMPTS` attempts, and one error that counts the rest
+    (``ignored``: attempts a parser already skipped without decoding them)."""
+    if len(items) <= MAX_CALL_ATTEMPTS and not ignored:
+        return items
+    dropped = len(items) - MAX_CALL_ATTEMPTS + ignored
+    return items[:MAX_CALL_ATTEMPTS] + [
+        ParseError(f"{dropped} more tool-call attempts were ignored: at most {MAX_CALL_ATTEMPTS} are read from one reply")
+    ]
+
+
 def limit_calls(items: list[ToolCall | ParseError], max_calls: int | None) -> list[ToolCall | ParseError]:
     """Keep the first ``max_calls`` attempts; the rest become "too many calls" errors."""
     if max_calls is None or len(items) <= max_calls:
@@ -137,12 +178,23 @@ def _coerce_arguments(raw: Any) -> dict[str, Any] | str:
         if not raw.strip():
             return {}
         try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            return f'the "arguments" string is not valid JSON: {exc.msg} (column {exc.colno})'
+            raw = loads_json(raw)
+        except ValueError as exc:
+            return f'the "arguments" string is not valid JSON: {_json_error(exc)}'
     if not isinstance(raw, dict):
         return f'"arguments" must be a JSON object, got {_json_type(raw)}'
-    return raw
+    try:  # an object handed over as such (openai) gets the same limits as decoded text
+        return loads_json(json.dumps(raw, ensure_ascii=False))  # type: ignore[no-any-return]
+    except (ValueError, TypeError, RecursionError) as exc:
+        return f'"arguments" is not usable JSON: {str(exc)[:200]}'
+
+
+
+def _json_error(exc: ValueError) -> str:
+    """One line for a JSON failure: where the syntax broke, or what limit was hit."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} (line {exc.lineno}, column {exc.colno})"
+    return str(exc)
 
 
 def _json_type(value: Any) -> str:
@@ -160,12 +212,13 @@ def _call_from_object(obj: Any, cid: str) -> ToolCall | ParseError:
     if name is None:
         return ParseError('the tool call has no "name"', cid)
     if not isinstance(name, str) or not name.strip():
-        return ParseError(f'"name" must be a non-empty string, got {json.dumps(name)}', cid)
+        return ParseError(f'"name" must be a non-empty string, got {_quote(json.dumps(name))}', cid)
+    name = clean_text(name.strip())
     raw_args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
     args = _coerce_arguments(raw_args)
     if isinstance(args, str):
-        return ParseError(f"tool call '{name.strip()}': {args}", cid)
-    return ToolCall(name.strip(), args, cid)
+        return ParseError(f"tool call '{_quote(name)}': {args}", cid)
+    return ToolCall(name, args, cid)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -196,12 +249,15 @@ class ToolCallParser:
         tools: Sequence[ToolSpec] | None = None,
     ) -> ParseResult:
         """Calls and errors in order; never raises (an internal failure is a parse error)."""
+        if isinstance(output, str):
+            output = clean_text(output)
         text = output if isinstance(output, str) else ""
         try:
             result = self._parse(output, turn=turn, tools=tools)
         except Exception as exc:  # a parser bug must not end an episode
-            return ParseResult(text, [ParseError(f"could not parse the output ({type(exc).__name__}: {exc})")])
-        result.items = limit_calls(result.items, max_calls)
+            reason = str(exc)[:200]
+            return ParseResult(text, [ParseError(f"could not parse the output ({type(exc).__name__}: {reason})")])
+        result.items = limit_calls(cap_attempts(result.items, result.ignored), max_calls)
         return result
 
     def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
@@ -250,7 +306,11 @@ class HermesParser(ToolCallParser):
         if not isinstance(output, str):
             return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
         items: list[ToolCall | ParseError] = []
+        ignored = 0
         for content, error in _scan_blocks(strip_thinking(output)):
+            if len(items) >= MAX_CALL_ATTEMPTS:  # cap_attempts reports the rest; stop decoding
+                ignored += 1
+                continue
             if error is not None:
                 items.append(ParseError(error, call_id(turn, len(items))))
                 continue
@@ -260,19 +320,22 @@ class HermesParser(ToolCallParser):
                 items.append(ParseError("empty <tool_call> block", call_id(turn, len(items))))
                 continue
             try:
-                obj = json.loads(body)
-            except json.JSONDecodeError as exc:
+                obj = loads_json(body)
+            except ValueError as exc:
                 items.append(
                     ParseError(
-                        f"malformed JSON in <tool_call>: {exc.msg} (line {exc.lineno}, column {exc.colno}); "
+                        f"malformed JSON in <tool_call>: {_json_error(exc)}; "
                         'expected {"name": "<tool name>", "arguments": {...}}',
                         call_id(turn, len(items)),
                     )
                 )
                 continue
-            for one in obj if isinstance(obj, list) and obj else [obj]:
+            calls = obj if isinstance(obj, list) and obj else [obj]
+            room = max(0, MAX_CALL_ATTEMPTS - len(items))
+            ignored += max(0, len(calls) - room)
+            for one in calls[:room]:
                 items.append(_call_from_object(one, call_id(turn, len(items))))
-        return ParseResult(output, items)
+        return ParseResult(output, items, ignored)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         blocks = [
@@ -296,8 +359,10 @@ def _strip_fence(body: str) -> str:
 # ------------------------------------------------------------------------------------------------
 # qwen3_coder (XML)
 # ------------------------------------------------------------------------------------------------
-_FUNCTION_OPEN = re.compile(r"<function=([^>\n]*)>")
-_PARAM_OPEN = re.compile(r"<parameter=([^>\n]*)>")
+# "<" is excluded from names so that a flood of "<function=" without ">" costs one pass, not one
+# pass per opener
+_FUNCTION_OPEN = re.compile(r"<function=([^<>\n]*)>")
+_PARAM_OPEN = re.compile(r"<parameter=([^<>\n]*)>")
 
 
 @register_parser
@@ -311,20 +376,24 @@ class Qwen3CoderParser(ToolCallParser):
             return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
         schemas = {t.name: t.parameters.get("properties", {}) for t in tools or ()}
         items: list[ToolCall | ParseError] = []
+        ignored = 0
         for content, error in _scan_blocks(strip_thinking(output)):
             cid = call_id(turn, len(items))
+            if len(items) >= MAX_CALL_ATTEMPTS:  # cap_attempts reports the rest; stop decoding
+                ignored += 1
+                continue
             if error is not None:
                 items.append(ParseError(error, cid))
                 continue
             assert content is not None
             items.append(self._parse_block(content, cid, schemas))
-        return ParseResult(output, items)
+        return ParseResult(output, items, ignored)
 
     def _parse_block(self, content: str, cid: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ParseError:
         fm = _FUNCTION_OPEN.search(content)
         if fm is None:
             return ParseError("expected <function=NAME> inside <tool_call>", cid)
-        name = fm.group(1).strip()
+        name = _quote(fm.group(1).strip())
         if not name:
             return ParseError("empty function name in <function=...>", cid)
         end = content.find("</function>", fm.end())
@@ -334,7 +403,7 @@ class Qwen3CoderParser(ToolCallParser):
         props = schemas.get(name, {})
         args: dict[str, Any] = {}
         for pm in _PARAM_OPEN.finditer(inner):
-            pname = pm.group(1).strip()
+            pname = _quote(pm.group(1).strip())
             close = inner.find("</parameter>", pm.end())
             next_open = inner.find("<parameter=", pm.end())
             if close < 0 or 0 <= next_open < close:
@@ -401,27 +470,33 @@ def convert_parameter(raw: str, schema: Mapping[str, Any] | None) -> Any:
         return raw
     if "integer" in types:
         try:
-            return int(stripped)
+            return int(stripped)  # past 4300 digits Python raises ValueError: the text stays
         except ValueError:
             pass
     if "number" in types:
         try:
             value = float(stripped)
-            return int(value) if value.is_integer() and "." not in stripped and "e" not in stripped.lower() else value
+            if math.isfinite(value):  # "9" * 400 is inf as a float: not a number a tool can use
+                return int(value) if value.is_integer() and "." not in stripped and "e" not in stripped.lower() else value
         except ValueError:
             pass
     if "boolean" in types and stripped.lower() in ("true", "false"):
         return stripped.lower() == "true"
     if types & {"object", "array"} or not types:
         try:
-            return json.loads(stripped)
-        except json.JSONDecodeError:
-            if types:
+            return loads_json(stripped)
+        except ValueError:
+            if types and len(stripped) <= MAX_LITERAL_CHARS:
                 try:
-                    return ast.literal_eval(stripped)
-                except (ValueError, SyntaxError, MemoryError, RecursionError):
+                    return _checked_literal(ast.literal_eval(stripped))
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                     pass
     return raw
+
+
+def _checked_literal(value: Any) -> Any:
+    """A Python literal as JSON data (so a tuple, set or 5000-digit int cannot slip through)."""
+    return loads_json(json.dumps(value))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -465,15 +540,16 @@ class OpenAIParser(ToolCallParser):
         if not isinstance(raw_calls, list):
             return ParseResult(text, [ParseError('"tool_calls" must be a list')])
         items: list[ToolCall | ParseError] = []
-        for raw in raw_calls:
+        for raw in raw_calls[:MAX_CALL_ATTEMPTS]:  # cap_attempts reports the rest
             index = len(items)
             given_id = raw.get("id") if isinstance(raw, Mapping) else None
-            cid = given_id if isinstance(given_id, str) and given_id else call_id(turn, index)
+            usable = isinstance(given_id, str) and 0 < len(given_id) <= MAX_NAME_CHARS
+            cid = clean_text(given_id) if usable else call_id(turn, index)
             if not isinstance(raw, Mapping) or not isinstance(raw.get("function"), Mapping):
                 items.append(ParseError('each tool call needs a "function" object with "name" and "arguments"', cid))
                 continue
             items.append(_call_from_object(dict(raw["function"]), cid))
-        return ParseResult(text, items)
+        return ParseResult(text, items, max(0, len(raw_calls) - MAX_CALL_ATTEMPTS))
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> dict[str, Any]:
         return {
@@ -487,16 +563,18 @@ class OpenAIParser(ToolCallParser):
 
 
 def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
+    """The text of a message's ``content`` (a string or text parts); anything else is empty."""
     if isinstance(content, str):
-        return content
+        return clean_text(content)
     if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    return str(content)
+        return clean_text("".join(
+            p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        ))
+    return ""
 
 
 __all__ = [
+    "MAX_CALL_ATTEMPTS",
     "HermesParser",
     "OpenAIParser",
     "ParseError",
@@ -504,6 +582,7 @@ __all__ = [
     "Qwen3CoderParser",
     "ToolCallParser",
     "call_id",
+    "cap_attempts",
     "convert_parameter",
     "get_parser",
     "limit_calls",
