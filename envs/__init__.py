@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from relax_gym.registration import register, register_suite, registry
+from relax_gym.registration import register, register_suite, registry, shipped_registration, suites
 
 FAMILIES: tuple[str, ...] = ("text", "game", "image", "audio", "video", "multimodal", "tools")
 SUITE_EPISODES = 20
@@ -155,18 +155,19 @@ def register_envs() -> None:
     """Register every shipped env and the suites built from them (idempotent)."""
     if all(e.id in registry for e in SHIPPED):
         return
-    for e in SHIPPED:
-        if e.id not in registry:
-            register(
-                e.id, e.entry_point, modalities=e.modalities, tags=e.tags,
-                max_turns=e.max_turns, description=e.description,
-            )
-    _register_suites()
+    with shipped_registration():  # the reserved relax/ namespace; an id already there is kept
+        for e in SHIPPED:
+            if e.id not in registry:
+                register(
+                    e.id, e.entry_point, modalities=e.modalities, tags=e.tags,
+                    max_turns=e.max_turns, description=e.description,
+                )
+        _register_suites()
 
 
 def _register_suites() -> None:
     def suite(name: str, envs: list[ShippedEnv], description: str, kwargs_attr: str | None = None) -> None:
-        if not envs:  # e.g. tools-v0 before any tool env exists: no empty suites
+        if not envs or name in suites:  # no empty suites; a suite already there is kept
             return
         env_kwargs = {e.id: dict(getattr(e, kwargs_attr)) for e in envs if kwargs_attr and getattr(e, kwargs_attr)}
         register_suite(

@@ -9,17 +9,27 @@ first time an id is looked up or the registry is listed::
     acme = "acme.envs:register_all"
 
 Registering stores only the entry point string, so listing envs imports nothing heavy.
+
+Ids are first come, first served: registering an id that is already registered raises, and so
+does an id in the ``relax/`` namespace, which is reserved for the envs shipped with relax-gym
+(whether or not they are loaded yet), so a user env or a plugin can never silently stand in for
+a shipped one. ``override=True`` replaces on purpose, with a warning. A plugin whose hook
+raises -- for instance because it registers a shipped id -- is reported as failed and the
+shipped env stays.
 """
 
 from __future__ import annotations
 
+import contextvars
 import difflib
 import importlib
+import operator
 import re
 import threading
 import warnings
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from typing import Any
@@ -34,6 +44,41 @@ ENV_ID_RE = re.compile(
     r"^(?:(?P<namespace>[\w:-]+)\/)?(?:(?P<name>[\w:.-]+?))(?:-v(?P<version>\d+))?$"
 )
 PLUGIN_GROUP = "relax_gym.envs"
+RESERVED_NAMESPACES: frozenset[str] = frozenset({"relax"})  # the envs and suites shipped with relax-gym
+_SHIPPING = contextvars.ContextVar("relax_gym_shipping", default=False)
+
+
+@contextmanager
+def shipped_registration() -> Iterator[None]:
+    """Let :func:`register` / :func:`register_suite` claim ids in the reserved namespaces.
+    Only ``relax_gym.envs.register_envs`` (the shipped envs) uses it."""
+    token = _SHIPPING.set(True)
+    try:
+        yield
+    finally:
+        _SHIPPING.reset(token)
+
+
+def _claim(kind: str, name: str, namespace: str | None, exists: bool, override: bool) -> None:
+    """Refuse to shadow: an existing id, or one in a reserved namespace, needs ``override=True``
+    (which warns); the shipped package's own registration needs neither."""
+    if not isinstance(override, bool):
+        raise RegistrationError(f"{name}: override must be True or False, got {override!r}")
+    reserved = namespace in RESERVED_NAMESPACES and not _SHIPPING.get()
+    if not (exists or reserved):
+        return
+    if not override:
+        why = (
+            f"{kind} {name!r} is already registered"
+            if exists
+            else f"the {namespace!r} namespace is reserved for the {kind}s shipped with relax-gym"
+        )
+        raise RegistrationError(
+            f"cannot register {kind} {name!r}: {why}; use your own namespace (e.g. 'myorg/...'), "
+            "or pass override=True to replace it on purpose"
+        )
+    what = "replaces the registered one" if exists else "takes the place of the shipped one, if any"
+    warnings.warn(f"overriding {kind} {name!r}: override=True {what}", stacklevel=3)
 
 
 def parse_env_id(env_id: str) -> tuple[str | None, str, int | None]:
@@ -74,17 +119,25 @@ class EnvSpec:
 
     def __post_init__(self) -> None:
         self.namespace, self.name, self.version = parse_env_id(self.id)
+        _check_entry_point(self.id, self.entry_point)
+        if not isinstance(self.kwargs, Mapping) or not all(isinstance(k, str) for k in self.kwargs):
+            raise RegistrationError(f"{self.id}: kwargs must be a dict with str keys, got {self.kwargs!r:.80}")
+        self.kwargs = dict(self.kwargs)
+        if self.max_turns is not None:
+            self.max_turns = _int(f"{self.id}: max_turns", self.max_turns, 1)
         if self.modalities is not None:
-            self.modalities = tuple(self.modalities)
+            self.modalities = _names(self.id, "modalities", self.modalities)
             unknown = set(self.modalities) - set(MODALITIES)
             if unknown:
                 raise RegistrationError(
                     f"{self.id}: unknown modalities {sorted(unknown)}; allowed: {list(MODALITIES)}"
                 )
         if self.tags is not None:
-            self.tags = tuple(self.tags)
-        if self.max_turns is not None and self.max_turns < 1:
-            raise RegistrationError(f"{self.id}: max_turns must be >= 1, got {self.max_turns}")
+            self.tags = _names(self.id, "tags", self.tags)
+        if not isinstance(self.nondeterministic, bool):
+            raise RegistrationError(f"{self.id}: nondeterministic must be True or False, got {self.nondeterministic!r}")
+        if not isinstance(self.description, str):
+            raise RegistrationError(f"{self.id}: description must be a str, got {type(self.description).__name__}")
 
     def load(self) -> Callable[..., Env]:
         """Import and return the entry point (a class or factory)."""
@@ -152,6 +205,44 @@ class EnvSpec:
         }
 
 
+def _check_entry_point(env_id: str, entry_point: Any) -> None:
+    """A callable, or ``"package.module:Name"`` (checked now, imported only when made)."""
+    if callable(entry_point):
+        return
+    if not isinstance(entry_point, str):
+        raise RegistrationError(
+            f"{env_id}: entry_point must be a callable or a 'package.module:Name' string, "
+            f"got {type(entry_point).__name__}"
+        )
+    module_name, sep, attr = entry_point.partition(":")
+    if not (sep and attr.isidentifier() and all(part.isidentifier() for part in module_name.split("."))):
+        raise RegistrationError(f"{env_id}: entry_point {entry_point!r:.120} must look like 'package.module:Name'")
+
+
+def _int(what: str, value: Any, minimum: int | None = None) -> int:
+    """An int (numpy ints too; bools, floats and strings are refused), at least ``minimum``."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+    if number is None or (minimum is not None and number < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise RegistrationError(f"{what} must be an int{bound}, got {value!r:.80}")
+    return number
+
+
+def _names(env_id: str, what: str, values: Any) -> tuple[str, ...]:
+    """A list of names as a tuple; a bare string (which would split into letters) is refused."""
+    if isinstance(values, str) or not isinstance(values, Sequence | set | frozenset):
+        raise RegistrationError(f"{env_id}: {what} must be a list of str, got {values!r:.80}")
+    out = tuple(values)
+    if not all(isinstance(v, str) for v in out):
+        raise RegistrationError(f"{env_id}: {what} must be a list of str, got {out!r:.80}")
+    return out
+
+
 def _first_doc_line(obj: Any) -> str:
     doc = (getattr(obj, "__doc__", None) or "").strip()
     return doc.splitlines()[0] if doc else ""
@@ -177,15 +268,21 @@ def register(
     tags: Sequence[str] | None = None,
     nondeterministic: bool = False,
     description: str = "",
+    override: bool = False,
 ) -> EnvSpec:
-    """Register an environment under ``id``; re-registering an id replaces it with a warning."""
+    """Register an environment under ``id`` (every argument is checked now, not at ``make``).
+
+    An id that is already registered, or one in the reserved ``relax/`` namespace of the
+    shipped envs, raises :class:`RegistrationError`; ``override=True`` replaces it on purpose
+    (with a warning).
+    """
     spec = EnvSpec(
         id=id,
         entry_point=entry_point,
-        kwargs=dict(kwargs or {}),
+        kwargs={} if kwargs is None else kwargs,
         max_turns=max_turns,
-        modalities=tuple(modalities) if modalities is not None else None,
-        tags=tuple(tags) if tags is not None else None,
+        modalities=modalities,  # type: ignore[arg-type]  # checked and made a tuple by EnvSpec
+        tags=tags,  # type: ignore[arg-type]
         nondeterministic=nondeterministic,
         description=description,
     )
@@ -196,8 +293,7 @@ def register(
                     f"cannot register {spec.id!r}: {other.id!r} exists, and an env name may not "
                     "be both versioned and unversioned"
                 )
-    if id in registry:
-        warnings.warn(f"overriding environment {id!r} already in the registry", stacklevel=2)
+    _claim("environment", id, spec.namespace, id in registry, override)
     registry[id] = spec
     return spec
 
@@ -358,17 +454,24 @@ def register_suite(
     *,
     description: str = "",
     env_kwargs: dict[str, dict[str, Any]] | None = None,
+    override: bool = False,
 ) -> Suite:
-    """Register a suite of env ids (they are validated lazily, when the suite is made)."""
+    """Register a suite of env ids (their envs are looked up lazily, when the suite is made).
+    Like :func:`register`, an existing name or one in the reserved ``relax/`` namespace needs
+    ``override=True``."""
+    if not isinstance(name, str) or not name:
+        raise RegistrationError(f"a suite name must be a non-empty str, got {name!r:.80}")
+    if isinstance(env_ids, str) or not isinstance(env_ids, Sequence):
+        raise RegistrationError(f"suite {name!r}: env_ids must be a list of env ids, got {env_ids!r:.80}")
     if not env_ids:
         raise RegistrationError(f"suite {name!r} needs at least one env id")
-    if episodes_per_env < 1:
-        raise RegistrationError(f"suite {name!r}: episodes_per_env must be >= 1")
+    episodes_per_env = _int(f"suite {name!r}: episodes_per_env", episodes_per_env, 1)
+    seed = _int(f"suite {name!r}: seed", seed)
     for env_id in env_ids:
         parse_env_id(env_id)
-    suite = Suite(name, tuple(env_ids), int(episodes_per_env), int(seed), description, dict(env_kwargs or {}))
-    if name in suites:
-        warnings.warn(f"overriding suite {name!r}", stacklevel=2)
+    namespace = name.partition("/")[0] if "/" in name else None
+    _claim("suite", name, namespace, name in suites, override)
+    suite = Suite(name, tuple(env_ids), episodes_per_env, seed, description, dict(env_kwargs or {}))
     suites[name] = suite
     return suite
 

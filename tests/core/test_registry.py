@@ -42,8 +42,10 @@ def test_versions_and_lookup_errors() -> None:
             relax_gym.make("vt/Gues-v0")
         with pytest.raises(RegistrationError, match="both versioned and unversioned"):
             relax_gym.register("vt/Guess", GuessEnv)
-        with pytest.warns(UserWarning, match="overriding"):
+        with pytest.raises(RegistrationError, match="'vt/Guess-v0' is already registered"):
             relax_gym.register("vt/Guess-v0", GuessEnv)
+        with pytest.warns(UserWarning, match="overriding"):
+            relax_gym.register("vt/Guess-v0", GuessEnv, override=True)
     finally:
         relax_gym.deregister("vt/Guess-v0")
         relax_gym.deregister("vt/Guess-v2")
@@ -54,7 +56,6 @@ def test_versions_and_lookup_errors() -> None:
 def test_bad_entry_points_and_kwargs() -> None:
     relax_gym.register("bad/NoModule-v0", "no_such_module_xyz:Env")
     relax_gym.register("bad/NoAttr-v0", "relax_gym.core:Nope")
-    relax_gym.register("bad/Malformed-v0", "relax_gym.core.Env")
     relax_gym.register("bad/NotEnv-v0", dict)
     try:
         with pytest.raises(RegistrationError, match="cannot import 'no_such_module_xyz'"):
@@ -62,7 +63,7 @@ def test_bad_entry_points_and_kwargs() -> None:
         with pytest.raises(RegistrationError, match="has no attribute 'Nope'"):
             relax_gym.make("bad/NoAttr-v0")
         with pytest.raises(RegistrationError, match="must look like 'package.module:Name'"):
-            relax_gym.make("bad/Malformed-v0")
+            relax_gym.register("bad/Malformed-v0", "relax_gym.core.Env")  # checked when registered
         with pytest.raises(RegistrationError, match="not a relax_gym.Env"):
             relax_gym.make("bad/NotEnv-v0")
         with pytest.raises(RegistrationError, match="cannot build with arguments"):
@@ -70,7 +71,7 @@ def test_bad_entry_points_and_kwargs() -> None:
         with pytest.raises(RegistrationError, match="unknown modalities"):
             relax_gym.register("bad/Mod-v0", GuessEnv, modalities=["smell"])
     finally:
-        for env_id in ("bad/NoModule-v0", "bad/NoAttr-v0", "bad/Malformed-v0", "bad/NotEnv-v0"):
+        for env_id in ("bad/NoModule-v0", "bad/NoAttr-v0", "bad/NotEnv-v0"):
             relax_gym.deregister(env_id)
 
 
