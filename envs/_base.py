@@ -24,7 +24,7 @@ from relax_gym.core import Env
 from relax_gym.errors import RelaxGymError
 from relax_gym.types import Action, ContentPart, Message, Observation
 
-from ._answers import last_boxed
+from ._answers import boxed_answer
 
 LevelT = TypeVar("LevelT")
 DIFFICULTIES: tuple[str, ...] = ("easy", "medium", "hard")
@@ -95,7 +95,7 @@ class BoxedAnswerEnv(Env, Generic[LevelT]):
 
     def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         task = self._require_task()
-        raw = last_boxed(Action.coerce(action).text)
+        raw = boxed_answer(Action.coerce(action).text)
         parsed = self.parse_answer(raw) if raw is not None else None
         correct = task.accepts(parsed)
         well_formed = parsed is not None

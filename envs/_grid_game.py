@@ -20,7 +20,7 @@ from PIL import Image
 from relax_gym.core import Env
 from relax_gym.types import Action, ImagePart, Message, Observation
 
-from ._answers import last_boxed
+from ._answers import boxed_answer
 from ._base import EnvOptionError, check_difficulty
 
 Pos = tuple[int, int]
@@ -121,7 +121,7 @@ class GridGameEnv(Env):
         if not self.started:
             raise RuntimeError(f"{type(self).__name__}: call reset() first")
         self.turns_used += 1
-        raw = last_boxed(Action.coerce(action).text)
+        raw = boxed_answer(Action.coerce(action).text)
         moves = parse_moves(raw) if raw is not None else None
         notes: list[str] = []
         if moves is None:

@@ -32,7 +32,7 @@ from relax_gym.tools import Tool, ToolEnv, strip_thinking
 from relax_gym.core import Env, StepResult
 from relax_gym.types import Action, Message, Observation, ToolCall
 
-from ._answers import last_boxed
+from ._answers import boxed_answer
 from ._base import FORMAT_REWARD, Task, check_difficulty
 
 LevelT = TypeVar("LevelT")
@@ -43,7 +43,7 @@ MAX_ANSWER_CHARS = 200  # a longer un-boxed reply is prose, not an answer
 def answer_text(reply: str) -> str | None:
     """The answer in a final reply: the last ``\\boxed{}``'s content, else the whole (short) text."""
     text = strip_thinking(reply)
-    boxed = last_boxed(text)
+    boxed = boxed_answer(text)
     if boxed is not None:
         return boxed
     text = text.strip()

@@ -239,7 +239,8 @@ def normalize(answer: str) -> str | None:
     """Case, punctuation, commas in numbers, a leading "the" and a trailing "river" do not matter."""
     text = answer.lower().replace(",", "").strip().rstrip(".")
     text = re.sub(r"^the\s+", "", text)
-    text = re.sub(r"\s+river$", "", text)
+    if text.endswith("river") and text[:-5].rstrip() != text[:-5]:  # no regex: "\s+river$" is quadratic
+        text = text[:-5]
     text = " ".join(text.split())
     return text if text and len(text) <= 40 and re.fullmatch(r"[a-z0-9 '\-]+", text) else None
 

@@ -75,6 +75,11 @@ def render() -> str:
         + f" by `{BASELINES_COMMAND}`. The random agent plays `env.random_action`: a uniformly",
         "random answer in the env's own format. Turns is the registered turn limit.",
         "",
+        "Every env reads a `\\boxed{}` answer with the one matcher in `relax_gym.answers`, which the",
+        "rewards use too: the box that starts last counts, `\\{` and `\\}` are escapes, an unclosed last",
+        "box is no answer, and an answer longer than 1000 characters (or an integer of more than 4000",
+        "digits) is not well-formed. `step` runs in linear time and never raises on model text.",
+        "",
         "| id | modalities | tools | turns | oracle success | random-agent success | task |",
         "|---|---|---|---|---|---|---|",
     ]

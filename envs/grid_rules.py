@@ -109,7 +109,7 @@ def parse_grid(raw: str) -> tuple[str, ...] | None:
     """``"012/340"`` (or rows split by newlines, ``;``, ``|`` or ``\\\\``) -> ``("012", "340")``."""
     rows = [re.sub(r"[\s,]", "", r) for r in _ROW_SPLIT.split(raw.strip())]
     rows = [r for r in rows if r]
-    if not rows or any(not r.isdigit() for r in rows) or len({len(r) for r in rows}) != 1:
+    if not rows or any(not (r.isascii() and r.isdigit()) for r in rows) or len({len(r) for r in rows}) != 1:
         return None
     return tuple(rows)
 

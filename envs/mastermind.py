@@ -31,7 +31,7 @@ import numpy as np
 from relax_gym.core import Env
 from relax_gym.types import Action, Message, Observation
 
-from ._answers import last_boxed
+from ._answers import boxed_answer
 from ._base import check_difficulty
 
 _STRIP = re.compile(r"[\s,;\-]")
@@ -108,7 +108,7 @@ class MastermindEnv(Env):
             return None
         digits = _STRIP.sub("", raw)
         lv = self.level
-        if len(digits) != lv.pegs or not digits.isdigit() or any(not 1 <= int(d) <= lv.colors for d in digits):
+        if len(digits) != lv.pegs or not (digits.isascii() and digits.isdigit()) or any(not 1 <= int(d) <= lv.colors for d in digits):
             return None
         return np.array([int(d) for d in digits], dtype=np.int8)
 
@@ -116,7 +116,7 @@ class MastermindEnv(Env):
         if self.secret is None:
             raise RuntimeError("MastermindEnv: call reset() first")
         lv = self.level
-        guess = self.parse_guess(last_boxed(Action.coerce(action).text))
+        guess = self.parse_guess(boxed_answer(Action.coerce(action).text))
         turns_used = len(self.history) + self.invalid_actions + 1
         if guess is None:
             self.invalid_actions += 1

@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw
 from relax_gym.core import Env
 from relax_gym.types import Action, AudioPart, ImagePart, Message, Observation, VideoPart
 
-from ._answers import last_boxed, parse_int
+from ._answers import boxed_answer, parse_int
 from ._base import check_difficulty
 
 _LEVELS = {
@@ -70,7 +70,7 @@ class SenseCountEnv(Env):
 
     def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
         action = Action.coerce(action)
-        answer = parse_int(last_boxed(action.text))
+        answer = parse_int(boxed_answer(action.text))
         correct = answer is not None and answer == sum(self.counts)
         format_ok = answer is not None
         reward = 1.0 if correct else (0.1 if format_ok else 0.0)

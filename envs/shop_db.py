@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -108,6 +109,8 @@ class ShopDB:
         return o
 
     def search(self, query: str = "", category: str | None = None, max_price: float | None = None) -> list[dict[str, Any]]:
+        if max_price is not None and not math.isfinite(max_price):  # round(inf) would raise
+            raise ShopError(f"max_price must be a finite number of dollars, got {max_price}")
         words = [w for w in query.lower().replace("-", " ").split() if w]
         out = []
         for p in sorted(self.products.values(), key=lambda p: p.name):
