@@ -148,6 +148,11 @@ def error_response(status: int, message: str, kind: str) -> JSONResponse:
     )
 
 
+def _reject_constant(name: str) -> Any:
+    """Python's json accepts NaN and Infinity; JSON (and SGLang's parser) does not."""
+    raise HTTPError(400, f"malformed JSON body: {name} is not a JSON number")
+
+
 def _decode(
     body: bytes, model: type[BaseModel] | None, precheck: Callable[[dict[str, Any]], None] | None
 ) -> Any:
@@ -156,7 +161,7 @@ def _decode(
         data: Any = {}
     else:
         try:
-            data = json.loads(body)
+            data = json.loads(body, parse_constant=_reject_constant)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise HTTPError(400, f"malformed JSON body: {exc}") from None
         except RecursionError:
