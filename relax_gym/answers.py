@@ -32,7 +32,7 @@ MAX_JSON_DEPTH = 64  # tool arguments and answers are shallow; deeper is an atta
 # The tokens that matter: a box command (with its opening brace when one follows), escapes
 # (``\\{``, ``\\}``, ``\\\\`` -- so ``\\\\boxed`` is a line break and the word "boxed"), and runs
 # of braces (one token per run keeps a flood of braces cheap). The regex engine skips the rest.
-_TOKEN = re.compile(r"(\\(?:boxed|fbox)(?![A-Za-z]))(?:\s*\{)?|\\[\s\S]|\{+|\}+")
+_TOKEN = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])(?:\s*\{)?|\\[\s\S]|\{+|\}+")
 _SPACE_TOKEN = re.compile(r" +([^\s${}\\]{1,200})")
 _INT = re.compile(r"[+-]?\d+")
 
