@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="split <think> blocks into reasoning_content on /v1/chat/completions",
     )
     lim = s.add_argument_group("input limits (each refused request gets 4xx; see docs/engine.md)")
-    lim.add_argument("--max-request-mb", type=int, default=64, help="request body cap, MiB (413 beyond)")
+    lim.add_argument("--max-request-mb", type=int, default=32, help="request body cap, MiB (413 beyond)")
     lim.add_argument("--max-weight-request-mb", type=int, default=1024, help="/update_weights_from_tensor body cap")
     lim.add_argument("--max-buffered-mb", type=int, default=None, help="all bodies held at once (503 beyond)")
     lim.add_argument("--body-timeout", type=float, default=300.0, help="seconds to receive a body (408 after)")

@@ -44,7 +44,7 @@ class EmbeddedOptions:
     allow_media_paths: bool = False
     default_max_tokens: int = 512
     reasoning_parser: str | None = None
-    max_request_bytes: int = 64 << 20
+    max_request_bytes: int = 32 << 20
     max_weight_request_bytes: int = 1 << 30
     max_buffered_bytes: int | None = None
     body_timeout_s: float = 300.0

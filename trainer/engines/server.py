@@ -98,7 +98,7 @@ class ServerConfig:
     protect_generation: bool = False  # also require the key on generation and info routes
     allow_media_paths: bool = False  # let image_data name local files (off: base64/data URLs only)
     max_queued_requests: int = 4096  # 503 beyond this many requests in flight
-    max_request_bytes: int = 64 * MiB  # body of any route but the weight upload (413 beyond)
+    max_request_bytes: int = 32 * MiB  # body of any route but the weight upload (413 beyond)
     max_weight_request_bytes: int = 1024 * MiB  # body of /update_weights_from_tensor
     max_buffered_bytes: int | None = None  # all bodies held at once (503 beyond); None: derived
     small_body_bytes: int = 64 << 10  # bodies up to this size skip the heavy lane and the budget
