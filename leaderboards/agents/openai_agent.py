@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from relax_gym.answers import loads_json
 from relax_gym.core import Env
 from relax_gym.protocol import (
     ChatCompletionRequest,
@@ -61,9 +62,10 @@ def tool_calls_from_reply(calls: list[ChatToolCall] | None) -> tuple[list[ToolCa
         name = call.function.name
         raw = call.function.arguments or "{}"
         try:
-            args = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            errors.append(f"tool call {i} ({name}): arguments are not valid JSON ({exc.msg}): {raw[:200]}")
+            args = loads_json(raw)  # model text: bounded depth and digits, raises only ValueError
+        except ValueError as exc:
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+            errors.append(f"tool call {i} ({name}): arguments are not valid JSON ({reason}): {raw[:200]}")
             continue
         if not isinstance(args, dict):
             errors.append(f"tool call {i} ({name}): arguments must be a JSON object, got {type(args).__name__}")

@@ -375,3 +375,26 @@ def test_judge_verdicts_in_boxes_use_the_one_matcher() -> None:
     assert parse_score_0_10("\\boxed{ 7 / 10 }") == 0.7
     spent, _ = cpu_seconds(lambda: pytest.raises(ValueError, parse_score_0_10, "\\boxed{" * 100_000))
     assert spent < 3.0
+
+
+# -- the leaderboard agents read model text too ----------------------------------------------------
+@pytest.mark.timeout(120)
+def test_agent_thinking_split_is_linear() -> None:
+    """split_thinking used a lazy <think>(.*?)</think> regex: 20k unclosed openers took a minute."""
+    from relax_gym.leaderboards.agents.base import split_thinking
+
+    spent, (answer, reasoning) = cpu_seconds(lambda: split_thinking("<think>" * 200_000))
+    assert answer == "" and spent < 3.0
+    assert split_thinking("<think>a</think>b<think>c</think>d") == ("bd", "a\nc")
+
+
+def test_openai_agent_tool_arguments_never_raise() -> None:
+    from relax_gym.leaderboards.agents.openai_agent import tool_calls_from_reply
+    from relax_gym.protocol import ChatToolCall
+
+    def call(arguments: str) -> ChatToolCall:
+        return ChatToolCall.model_validate({"id": "a", "type": "function", "function": {"name": "f", "arguments": arguments}})
+
+    calls, errors = tool_calls_from_reply([call('{"x": ' + "9" * 5000 + "}"), call("[" * 10_000), call('{"x": 1}')])
+    assert [c.arguments for c in calls] == [{"x": 1}]
+    assert "more than 4000 digits" in errors[0] and "nested deeper" in errors[1]
