@@ -15,7 +15,7 @@ evaluator and the trainer::
 
         def step(self, action):
             action = Action.coerce(action)
-            ok = extract_boxed(action.text) == str(self.n)
+            ok = relax_gym.answers.last_boxed(action.text) == str(self.n)
             return Observation(), float(ok), True, False, {"success": ok}
 
         def oracle(self):
