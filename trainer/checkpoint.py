@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.trainer.backend import TrainerBackend
-from relax_gym.trainer.safe_state import StateFileError, load_tree, save_tree
+from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, save_tree
 
 FORMAT_VERSION = 2  # 1 stored pickles (rng.pt, optimizer.pt); 2 stores none
 MANIFEST = "manifest.json"
@@ -122,9 +122,6 @@ class Manifest(BaseModel):
     files: dict[str, _FileEntry]
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
 
 # ------------------------------------------------------------------------------------------------
 # global RNG states (no pickle: JSON numbers and uint8 / int64 tensors)
@@ -166,7 +163,7 @@ def restore_rng(state: dict[str, Any]) -> None:
             for device, dev_state in enumerate(cuda[: torch.cuda.device_count()]):
                 torch.cuda.set_rng_state(dev_state, device)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"not an RNG state ({_one_line(exc)})") from None
+        raise ValueError(f"not an RNG state ({one_line(exc)})") from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -292,7 +289,7 @@ def _read_manifest(folder: Path) -> Manifest:
         where = ".".join(str(x) for x in err["loc"]) or "(top)"
         raise CheckpointError(f"{path}: not a valid manifest ({where}: {err['msg']})") from None
     except OSError as exc:
-        raise CheckpointError(f"{path}: unreadable ({_one_line(exc)})") from None
+        raise CheckpointError(f"{path}: unreadable ({one_line(exc)})") from None
 
 
 def _check_files(folder: Path, manifest: Manifest) -> None:
@@ -411,7 +408,7 @@ def _read_state(folder: Path) -> TrainerState:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable ({_one_line(exc)})") from None
+        raise CheckpointError(f"{path}: unreadable ({one_line(exc)})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT_VERSION:
         fmt = record.get("format") if isinstance(record, dict) else None
         raise CheckpointError(f"{folder}: checkpoint format {fmt!r}, expected {FORMAT_VERSION}")
@@ -436,7 +433,7 @@ def load_checkpoint(folder: str | Path, backend: TrainerBackend, *, restore_glob
     try:
         backend.load_state(folder / "backend")
     except RelaxGymError as exc:  # the backends' errors name the file
-        raise CheckpointError(_one_line(exc)) from None
+        raise CheckpointError(one_line(exc)) from None
     buffer: list[Any] = []
     if (folder / "buffer.jsonl").is_file():
         from relax_gym.trainer.rollout import load_jsonl
@@ -444,14 +441,14 @@ def load_checkpoint(folder: str | Path, backend: TrainerBackend, *, restore_glob
         try:
             buffer = load_jsonl(folder / "buffer.jsonl")
         except RelaxGymError as exc:
-            raise CheckpointError(f"{folder / 'buffer.jsonl'}: {_one_line(exc)}") from None
+            raise CheckpointError(f"{folder / 'buffer.jsonl'}: {one_line(exc)}") from None
     if restore_global_rng:
         try:
             restore_rng(load_tree(folder / RNG_FILE, kind="rng"))
         except StateFileError as exc:
-            raise CheckpointError(_one_line(exc)) from None
+            raise CheckpointError(one_line(exc)) from None
         except ValueError as exc:
-            raise CheckpointError(f"{folder / RNG_FILE}: {_one_line(exc)}") from None
+            raise CheckpointError(f"{folder / RNG_FILE}: {one_line(exc)}") from None
     return state, buffer
 
 

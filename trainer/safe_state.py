@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from pydantic import BaseModel, ValidationError
 
 from relax_gym.errors import RelaxGymError
 
@@ -34,8 +35,25 @@ class StateFileError(RelaxGymError, ValueError):
     """A state file is missing, truncated, corrupted or not the kind of state expected."""
 
 
-def _one_line(exc: BaseException) -> str:
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message folded onto one line, for the one-line errors users see."""
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def read_json_model(file: Path, model: type[_Model], error: type[Exception]) -> _Model:
+    """``file`` parsed and checked as ``model`` (JSON only); any failure is ``error`` with one
+    line naming the file and, for a bad value, the field."""
+    try:
+        return model.model_validate_json(file.read_bytes())
+    except OSError as exc:
+        raise error(f"{file}: unreadable ({one_line(exc)})") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "(top)"
+        raise error(f"{file}: {where}: {err['msg']}") from None
 
 
 def _encode(value: Any, tensors: dict[str, torch.Tensor], depth: int) -> Any:
@@ -113,13 +131,13 @@ def load_tree(path: str | Path, *, kind: str, device: str | torch.device = "cpu"
             meta = fh.metadata() or {}
             tensors = {name: fh.get_tensor(name) for name in fh.keys()}  # noqa: SIM118 - not a dict
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types on a bad header
-        raise StateFileError(f"{path}: not a readable safetensors file ({_one_line(exc)})") from None
+        raise StateFileError(f"{path}: not a readable safetensors file ({one_line(exc)})") from None
     if meta.get(_KIND_KEY) != kind:
         raise StateFileError(f"{path}: holds {meta.get(_KIND_KEY)!r} state, expected {kind!r}")
     try:
         return _decode(json.loads(meta.get(_TREE_KEY, "")), tensors, 0)
     except (ValueError, RecursionError) as exc:
-        raise StateFileError(f"{path}: malformed state tree ({_one_line(exc)})") from None
+        raise StateFileError(f"{path}: malformed state tree ({one_line(exc)})") from None
 
 
 __all__ = ["StateFileError", "load_tree", "save_tree"]

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from torch import Tensor
 
 from relax_gym.errors import RelaxGymError
@@ -42,7 +42,7 @@ from relax_gym.trainer.backend import (
     TrainerBackend,
     micro_batches,
 )
-from relax_gym.trainer.safe_state import StateFileError, load_tree, save_tree
+from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, read_json_model, save_tree
 
 #: files copied from the source model folder next to exported weights (tokenizer, processor)
 SIDE_FILES = (
@@ -70,19 +70,9 @@ class _SavedMeta(BaseModel):
     optimizer_settings: OptimizerSettings
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
 
 def _read_meta(file: Path) -> _SavedMeta:
-    try:
-        return _SavedMeta.model_validate_json(file.read_bytes())
-    except OSError as exc:
-        raise BackendError(f"{file}: unreadable ({_one_line(exc)})") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(top)"
-        raise BackendError(f"{file}: {where}: {err['msg']}") from None
+    return read_json_model(file, _SavedMeta, BackendError)
 
 
 def _model_class(config: Any) -> Any:
@@ -327,11 +317,11 @@ class TorchBackend(TrainerBackend):
         try:
             weights = load_file(str(file))
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types on a bad file
-            raise BackendError(f"{file}: not a readable safetensors file ({_one_line(exc)})") from None
+            raise BackendError(f"{file}: not a readable safetensors file ({one_line(exc)})") from None
         try:
             missing, unexpected = self.model.load_state_dict(weights, strict=False)
         except RuntimeError as exc:  # wrong shapes
-            raise BackendError(f"{file}: state does not fit the model ({_one_line(exc)[:300]})") from None
+            raise BackendError(f"{file}: state does not fit the model ({one_line(exc)[:300]})") from None
         tied = {n for n, _ in self.model.state_dict().items()} - set(weights)
         real_missing = [m for m in missing if m not in tied or not self._is_tied(m)]
         if unexpected or real_missing:
@@ -361,7 +351,7 @@ class TorchBackend(TrainerBackend):
         try:
             self.optimizer.load_state_dict(state)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise BackendError(f"{file}: does not fit the optimizer ({_one_line(exc)})") from None
+            raise BackendError(f"{file}: does not fit the optimizer ({one_line(exc)})") from None
 
     def _is_tied(self, name: str) -> bool:
         emb = self.model.get_input_embeddings()

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from relax_gym.trainer.algorithms import merge_metrics
 from relax_gym.trainer.backend import (
     LogprobResult,
@@ -58,6 +58,7 @@ from relax_gym.trainer.megatron.config import (
 from relax_gym.trainer.megatron.model import build_gpt_model, init_model_parallel
 from relax_gym.trainer.megatron.packing import PackedRow, pack_rows, pad_rows, token_logprobs
 from relax_gym.trainer.megatron.sources import SafetensorsSource
+from relax_gym.trainer.safe_state import one_line, read_json_model
 from torch import Tensor
 
 from relax_gym.errors import RelaxGymError
@@ -492,9 +493,9 @@ class MegatronBackend(TrainerBackend):
             self.module.load_state_dict(loaded["model"])
             self.optimizer.load_state_dict(loaded["optimizer"])
         except UnsafeCheckpointError as exc:
-            raise MegatronBackendError(_one_line(exc)) from None
+            raise MegatronBackendError(one_line(exc)) from None
         except Exception as exc:  # noqa: BLE001 - megatron and DCP raise many types on bad data
-            raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({_one_line(exc)[:300]})") from None
+            raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({one_line(exc)[:300]})") from None
         self.updates = meta.updates
         self.version = meta.version
 
@@ -507,19 +508,9 @@ class _SavedMeta(BaseModel):
     optimizer_settings: OptimizerSettings
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
 
 def _read_meta(file: Path) -> _SavedMeta:
-    try:
-        return _SavedMeta.model_validate_json(file.read_bytes())
-    except OSError as exc:
-        raise MegatronBackendError(f"{file}: unreadable ({_one_line(exc)})") from None
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(x) for x in err["loc"]) or "(top)"
-        raise MegatronBackendError(f"{file}: {where}: {err['msg']}") from None
+    return read_json_model(file, _SavedMeta, MegatronBackendError)
 
 
 def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:

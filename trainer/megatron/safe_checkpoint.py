@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from relax_gym.errors import RelaxGymError
+from relax_gym.trainer.safe_state import one_line
 
 _METADATA = ".metadata"
 _DATA_FILE = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -57,9 +58,6 @@ class UnsafeCheckpointError(RelaxGymError, ValueError):
     """A distributed checkpoint file is malformed or holds something other than data."""
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
 
 #: opcodes that fetch objects from copyreg's extension cache, bypassing ``find_class``
 _REFUSED_OPCODES = {"EXT1", "EXT2", "EXT4", "PERSID", "BINPERSID"}
@@ -73,7 +71,7 @@ def _check_opcodes(data: bytes) -> None:
 
 def _refusal(exc: BaseException) -> str:
     """The gist of a ``weights_only`` refusal (torch's own message runs to many lines)."""
-    text = _one_line(exc)
+    text = one_line(exc)
     found = re.search(r"GLOBAL ([\w.]+)", text)
     return f"refused {found.group(1)}" if found else text[:200]
 
@@ -114,7 +112,7 @@ def read_dcp_metadata(folder: str | Path) -> Any:
     except FileNotFoundError:
         raise UnsafeCheckpointError(f"{path}: missing") from None
     except Exception as exc:  # noqa: BLE001 - a crafted pickle can raise nearly anything
-        raise UnsafeCheckpointError(f"{path}: not a checkpoint metadata file ({_one_line(exc)})") from None
+        raise UnsafeCheckpointError(f"{path}: not a checkpoint metadata file ({one_line(exc)})") from None
     if not isinstance(meta, Metadata) or not isinstance(meta.state_dict_metadata, dict):
         raise UnsafeCheckpointError(f"{path}: not a checkpoint metadata file")
     for key, item in meta.state_dict_metadata.items():
@@ -240,7 +238,7 @@ def safe_load(sharded_state_dict: dict[str, Any], checkpoint_dir: str | Path) ->
         cause = next((c for c in causes if isinstance(c, UnsafeCheckpointError)), causes[0] if causes else exc)
         if isinstance(cause, UnsafeCheckpointError):
             raise UnsafeCheckpointError(str(cause)) from None
-        raise UnsafeCheckpointError(f"{checkpoint_dir}: cannot read ({_one_line(cause)[:300]})") from None
+        raise UnsafeCheckpointError(f"{checkpoint_dir}: cannot read ({one_line(cause)[:300]})") from None
 
 
 __all__ = ["UnsafeCheckpointError", "read_dcp_metadata", "safe_load"]
