@@ -532,6 +532,7 @@ def build_app(service: EngineService) -> Starlette:
                     "too_slow": service.bodies.too_slow,
                 },
                 "weight_update_groups": service.receiver.group_names,
+                "pending_weight_group_joins": service.receiver.pending_joins,
                 "logprob_mode": engine.logprob_mode,
             }
         )

@@ -334,6 +334,13 @@ class WeightReceiver:
         with self._lock:
             return sorted(self._groups)
 
+    @property
+    def pending_joins(self) -> int:
+        """Join threads still alive (a timed-out rendezvous winds down in its own thread); at
+        ``max_pending_joins`` new joins get a 503."""
+        with self._lock:
+            return self._join_threads
+
     # -- joining ------------------------------------------------------------------------------
     def _check_join(self, req: InitWeightsUpdateGroupRequest) -> None:
         if req.backend != "gloo":
