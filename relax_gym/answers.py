@@ -13,8 +13,9 @@ The box rule (:func:`scan_boxes`):
 * braces are matched by depth; ``\\{``, ``\\}`` and ``\\\\`` are escapes, not braces;
 * a box inside a complete box is part of that box's content, except that a box holding only
   one box (``\\boxed{\\boxed{5}}``) answers with the inner content;
-* the box that starts last wins; when that last box never closes (a truncated or adversarial
-  reply), there is no answer -- an earlier draft does not count.
+* the last complete box wins; a box that never closes (a reply cut off by its token limit)
+  is passed over, so ``\\boxed{1} ... \\boxed{2`` answers ``1``. This is the rule the envs and
+  the rewards had before they shared one matcher, kept so that scores do not move.
 """
 
 from __future__ import annotations
@@ -64,9 +65,8 @@ class BoxScan:
 
     @property
     def last(self) -> str | None:
-        """The answer: the content of the box that starts last; None when there is no box or the
-        last one never closes."""
-        if not self.complete or self.complete[-1].start < self.last_open_start:
+        """The answer: the content of the last complete top-level box; None when no box closes."""
+        if not self.complete:
             return None
         return _content(self.text, self.complete[-1])
 
@@ -141,8 +141,8 @@ def _blank(text: str, a: int, b: int) -> bool:
 
 
 def last_boxed(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}``/``\\fbox{...}`` (stripped), or None when there
-    is none or the last one never closes. Linear time; never raises."""
+    """The content of the last complete ``\\boxed{...}``/``\\fbox{...}`` (stripped), or None
+    when no box closes. Linear time; never raises."""
     return scan_boxes(text).last
 
 

@@ -147,7 +147,8 @@ def test_other_box_floods_are_linear(text: str) -> None:
         ("\\boxed{a\\}b}", "a\\}b"),  # an escaped brace does not close the box
         ("\\boxed{\\{1, 2\\}}", "\\{1, 2\\}"),
         ("\\boxed{a\\{b}", "a\\{b"),  # ... nor open a group
-        ("\\boxed{1} and then \\boxed{2", None),  # the last box is unclosed: no answer
+        ("\\boxed{1} and then \\boxed{2", "1"),  # an unclosed box is passed over
+        ("\\boxed{ \\boxed{3} and more", "3"),  # ... also one that encloses a complete box
         ("\\boxed{\\boxed{5}}", "5"),
         ("\\fbox{7}", "7"),
         ("\\\\boxed{7}", None),  # a line break, then the word "boxed"
