@@ -1,6 +1,6 @@
 """The README's main job, end to end (slow: a few minutes on 2 cores): examples/quickstart.yaml
 builds a tiny Qwen3-VL from config, warms it up on oracle answers until held-out success
-reaches 0.3, then GRPO takes held-out success to >= 0.9. Wall-clock figures live in
+reaches 0.25, then GRPO takes held-out success to >= 0.9. Wall-clock figures live in
 bench/quickstart.py and docs/benchmarks.md, not here."""
 
 from __future__ import annotations
