@@ -19,16 +19,18 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from relax_gym.protocol import ChatCompletionRequest, GenerateRequest, SamplingParams
 
-from .prepare import BadRequest, check_context, check_image_count, check_prompt_chars, tokenize_bounded
-from .server import EngineService, HTTPError
+from .prepare import BadRequest, HTTPError, check_context, check_image_count, check_prompt_chars, tokenize_bounded
 from .tool_calls import parse_tool_calls, strip_tool_calls, to_openai
+
+if TYPE_CHECKING:  # server.py imports this module for its route; the service is only a type here
+    from .server import EngineService
 
 _IMAGE_PARTS = ("image_url", "image")
 _UNSUPPORTED_PARTS = ("input_audio", "audio", "audio_url", "video_url", "video")

@@ -66,6 +66,16 @@ class BadRequest(RelaxGymError, ValueError):
     status = 400
 
 
+class HTTPError(Exception):
+    """A reply with this status and message; here, not in server.py, so chat.py needs no server."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
 @dataclass(frozen=True, slots=True)
 class InputLimits:
     """Per-request ceilings, each checked before the expensive step it protects."""
@@ -316,6 +326,7 @@ __all__ = [
     "MAX_STOP_TOKEN_IDS",
     "UNSUPPORTED_SAMPLING",
     "BadRequest",
+    "HTTPError",
     "InputLimits",
     "PreparedPrompt",
     "check_context",

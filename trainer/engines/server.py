@@ -64,7 +64,8 @@ from relax_gym.protocol import (
 )
 
 from .engine import EngineCore, make_sequence
-from .prepare import BadRequest, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
+from .chat import chat_completions
+from .prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
 from .runner import WeightUpdateError
 from .weights import (
     UpdateWeightsFromTensorRequest,
@@ -132,14 +133,6 @@ class ServerConfig:
         if self.max_buffered_bytes is not None:
             return self.max_buffered_bytes
         return max(self.max_weight_request_bytes, self.max_request_bytes) + 8 * self.max_request_bytes
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
 
 
 def error_response(status: int, message: str, kind: str) -> JSONResponse:
@@ -492,8 +485,6 @@ def _route(service: EngineService, fn: Callable[[Request], Awaitable[Response]],
 
 def build_app(service: EngineService) -> Starlette:
     """The Starlette app for ``service`` (its engine must be started separately)."""
-    from .chat import chat_completions
-
     engine = service.engine
     runner = engine.runner
     cfg = service.config
