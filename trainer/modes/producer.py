@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -75,6 +76,14 @@ def spec_from_dict(data: dict[str, Any]) -> EpisodeSpec:
     return EpisodeSpec(env_id=data["env_id"], seed=data.get("seed"), options=data.get("options"),
                        env_kwargs=dict(data.get("env_kwargs") or {}), group_id=data.get("group_id"),
                        max_new_tokens=data.get("max_new_tokens"), metadata=dict(data.get("metadata") or {}))
+
+
+def write_control_file(out_dir: Path, url: str, token: str) -> None:
+    """``<out>/control.json``: where the elastic control API listens and its token (mode 0600)."""
+    path = Path(out_dir) / "control.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"url": url, "token": token}), encoding="utf-8")
+    path.chmod(0o600)
 
 
 class _PendingSpec(BaseModel):
@@ -418,8 +427,6 @@ class RolloutProducer:
         ``<out>/control.json`` (url + token, mode 0600). Returns the URL."""
         from relax_gym.trainer.rollout import ControlServer
 
-        from .runner import write_control_file
-
         self._control = await ControlServer(self.router, token=token, port=port).start()
         write_control_file(Path(out_dir), self._control.url, self._control.token)
         return str(self._control.url)
@@ -435,4 +442,4 @@ class RolloutProducer:
                 await self.router.close()
 
 
-__all__ = ["RolloutProducer", "rollout_config", "spec_from_dict", "spec_to_dict"]
+__all__ = ["RolloutProducer", "rollout_config", "spec_from_dict", "spec_to_dict", "write_control_file"]

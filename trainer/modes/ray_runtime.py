@@ -34,8 +34,7 @@ from typing import Any
 from relax_gym.trainer.config import TrainConfig
 
 from .actors import RoleActor
-from .roles import RayRole, Role
-from .runner import Roles, needs_workers
+from .roles import RayRole, Role, Roles, needs_workers
 from .settings import RoleResources
 
 log = logging.getLogger("relax_gym.trainer.modes")

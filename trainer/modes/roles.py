@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from relax_gym.trainer.config import TrainConfig
 
 
 class Role:
@@ -64,4 +68,43 @@ class RayRole(Role):
         return (RayRole, (self.actor, self.name))
 
 
-__all__ = ["LocalRole", "RayRole", "Role"]
+
+# ------------------------------------------------------------------------------------------------
+# the set of roles a run needs, and who builds it: here, not in runner.py, because both runtimes
+# (runner.py's embedded one and ray_runtime.py, which runner.py loads) build the same set
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Roles:
+    """Everything the runner talks to."""
+
+    learner: Role
+    queue: Role
+    rollout: Role
+    rewards: list[Role]
+    ref_worker: Role | None = None
+    prox_worker: Role | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Runtime(Protocol):
+    """Builds the roles; two phases because the data plane needs the engines the learner opened."""
+
+    async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role: ...
+
+    async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def needs_workers(config: TrainConfig) -> tuple[bool, bool]:
+    """(reference worker, proximal worker) for this config: only fully_async runs them, and only
+    when the algorithm needs those logprobs."""
+    if config.mode != "fully_async":
+        return False, False
+    a = config.algorithm
+    ref = a.kl_loss_coef > 0 or a.kl_reward_coef > 0
+    prox = config.train.mini_batches * config.train.epochs > 1
+    return ref, prox
+
+
+__all__ = ["LocalRole", "RayRole", "Role", "Roles", "Runtime", "needs_workers"]

@@ -29,55 +29,20 @@ import importlib
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.loop import RunSummary
 
-from .roles import LocalRole, Role
+from .roles import LocalRole, Role, Roles, Runtime, needs_workers
 
 log = logging.getLogger("relax_gym.trainer.modes")
-
-
-@dataclass
-class Roles:
-    """Everything the runner talks to."""
-
-    learner: Role
-    queue: Role
-    rollout: Role
-    rewards: list[Role]
-    ref_worker: Role | None = None
-    prox_worker: Role | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Runtime(Protocol):
-    """Builds the roles; two phases because the data plane needs the engines the learner opened."""
-
-    async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role: ...
-
-    async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles: ...
-
-    async def shutdown(self) -> None: ...
 
 
 def import_modules(names: list[str]) -> None:
     for name in names:
         importlib.import_module(name)
-
-
-def needs_workers(config: TrainConfig) -> tuple[bool, bool]:
-    """(reference worker, proximal worker) for this config: only fully_async runs them, and only
-    when the algorithm needs those logprobs."""
-    if config.mode != "fully_async":
-        return False, False
-    a = config.algorithm
-    ref = a.kl_loss_coef > 0 or a.kl_reward_coef > 0
-    prox = config.train.mini_batches * config.train.epochs > 1
-    return ref, prox
 
 
 # ------------------------------------------------------------------------------------------------
@@ -133,14 +98,6 @@ class EmbeddedRuntime:
         if self._producer is not None:
             await self._producer.close()
             self._producer = None
-
-
-def write_control_file(out_dir: Path, url: str, token: str) -> None:
-    """``<out>/control.json``: where the elastic control API listens and its token (mode 0600)."""
-    path = Path(out_dir) / "control.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"url": url, "token": token}), encoding="utf-8")
-    path.chmod(0o600)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -350,4 +307,4 @@ def train(config: TrainConfig, *, resume: bool | str = False) -> RunSummary:
 
 
 __all__ = ["AsyncRunner", "EmbeddedRuntime", "Roles", "Runtime", "import_modules", "needs_workers", "run_async",
-           "train", "write_control_file"]
+           "train"]
