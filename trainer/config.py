@@ -49,7 +49,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from relax_gym.errors import RegistrationError, RelaxGymError
-from relax_gym.trainer.algorithms import AlgorithmConfig
+from relax_gym.trainer.algorithm_config import AlgorithmConfig  # torch-free; algorithms.py imports torch
 
 # settings.py is plain pydantic (no training-config, torch or ray import), so embedding it here
 # keeps `import relax_gym.trainer.config` as light as before
@@ -742,6 +742,37 @@ def _import_modules(names: Sequence[str]) -> None:
             raise ConfigError(f"async_rl.imports.{i}: cannot import {name!r}: {_exc_line(exc)}") from None
 
 
+def load_entry_point(entry_point: str) -> Any:
+    """The object ``entry_point`` names: ``package.module:attr`` or ``path/to/file.py:attr``.
+
+    Here, not in the loop's data module, so validating a config and running it load user envs
+    by the same rules without the config importing the loop.
+    """
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    target, _, attr = entry_point.partition(":")
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise FileNotFoundError(f"env entry point file {target!r} not found (relative to {Path.cwd()})")
+        name = f"relax_gym_user_env_{abs(hash(str(path.resolve())))}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        import sys
+
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    obj: Any = module
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _register_entry_points(config: TrainConfig) -> None:
     """Register the envs that bring an ``entry_point`` (as the loop does), naming the entry on failure."""
     import relax_gym
@@ -752,8 +783,6 @@ def _register_entry_points(config: TrainConfig) -> None:
             if not env.entry_point or env.id in relax_gym.registry:
                 continue
             try:
-                from relax_gym.trainer.loop.data import load_entry_point  # the loop's loader: same rules
-
                 relax_gym.register(env.id, entry_point=load_entry_point(env.entry_point))
             except Exception as exc:  # noqa: BLE001 - importing user code may raise anything
                 raise ConfigError(f"{section}.{i}.entry_point: cannot load {env.entry_point!r} for env "
@@ -873,6 +902,7 @@ __all__ = [
     "check_values",
     "config_from_dict",
     "format_validation_error",
+    "load_entry_point",
     "load_config",
     "parse_override",
     "read_yaml_file",

@@ -17,37 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from relax_gym.trainer.config import EnvEntry
+from relax_gym.trainer.config import EnvEntry, load_entry_point
 from relax_gym.trainer.rollout import EpisodeSpec
 
 EVAL_ENV_STRIDE = 10_000_000
-
-
-def load_entry_point(entry_point: str) -> Any:
-    """The object ``entry_point`` names: ``package.module:attr`` or ``path/to/file.py:attr``."""
-    import importlib
-    import importlib.util
-    from pathlib import Path
-
-    target, _, attr = entry_point.partition(":")
-    if target.endswith(".py"):
-        path = Path(target)
-        if not path.is_file():
-            raise FileNotFoundError(f"env entry point file {target!r} not found (relative to {Path.cwd()})")
-        name = f"relax_gym_user_env_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        import sys
-
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def register_entry_points(envs: Sequence[EnvEntry]) -> None:
@@ -128,5 +101,5 @@ def suite_specs(name: str, episodes: int | None = None) -> list[EpisodeSpec]:
                         group_id=f"eval:{key.env_id}#{key.seed}") for key in suite.episodes()]
 
 
-__all__ = ["EVAL_ENV_STRIDE", "EpisodeSampler", "envs_of_suite", "eval_specs", "load_entry_point",
+__all__ = ["EVAL_ENV_STRIDE", "EpisodeSampler", "envs_of_suite", "eval_specs",
            "register_entry_points", "suite_specs"]
