@@ -65,8 +65,8 @@ class HFAgent(Agent):
             raise FatalAgentError(f"hf: agent needs torch and transformers ({exc})") from None
         try:
             if self.vision:
-                # Qwen-VL input preparation is shared with the engine and the trainer
-                from relax_gym.trainer.models.processing import VisionTokens, load_image_processor
+                # Qwen-VL input preparation is the core's, shared with the engine and the trainer
+                from relax_gym.vision import VisionTokens, load_image_processor
                 from transformers import AutoConfig
 
                 self.model = AutoModelForImageTextToText.from_pretrained(self.path)
@@ -108,7 +108,7 @@ class HFAgent(Agent):
         extra: dict[str, Any] = {}
         images = [part["image"] for kind, part in conv.media if kind == "image"]
         if images or self.vision:
-            from relax_gym.trainer.models.processing import prepare_vision_inputs
+            from relax_gym.vision import prepare_vision_inputs
 
             prepared = prepare_vision_inputs(ids, images, self._image_processor, self._vision_tokens)
             ids = prepared.input_ids

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
-from relax_gym.trainer.models.processing import VisionInputs
+
+from relax_gym.vision import VisionInputs
 
 from .kv import BatchKV
 from .prefix_cache import PrefixCache

@@ -23,15 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image
-from relax_gym.trainer.models.processing import (
-    VisionInputError,
-    VisionInputs,
-    prepare_vision_inputs,
-)
 
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.media import MediaLimits, load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
+from relax_gym.vision import VisionInputError, VisionInputs, prepare_vision_inputs
 
 from .runner import ModelRunner
 from .sampling import SamplingSpec

@@ -88,10 +88,7 @@ class ModelRunner:
         self.image_processor = None
         self.vision_tokens = None
         if self.is_vision:
-            from relax_gym.trainer.models.processing import (
-                VisionTokens,
-                load_image_processor,
-            )
+            from relax_gym.vision import VisionTokens, load_image_processor
 
             self.image_processor = load_image_processor(self.model_path)
             self.vision_tokens = VisionTokens.from_config(

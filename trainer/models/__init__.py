@@ -3,9 +3,11 @@
 ``build_tiny_model("qwen3" | "qwen3_vl", path)`` writes a random tiny model as a HF folder
 (config, safetensors, tokenizer with chat template, image processor) in about a second, with no
 download. Importing this package is light; torch and transformers load inside the functions.
+The Qwen-VL input functions re-exported here live in the core (:mod:`relax_gym.vision`), where
+the leaderboards' HF agent can use them without importing the trainer.
 """
 
-from .processing import (
+from relax_gym.vision import (
     VisionInputError,
     VisionInputs,
     VisionTokens,
@@ -15,6 +17,7 @@ from .processing import (
     load_image_processor,
     prepare_vision_inputs,
 )
+
 from .tiny import (
     KINDS,
     TinyModelError,

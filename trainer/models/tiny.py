@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relax_gym.errors import RelaxGymError
+from relax_gym.vision import build_image_processor
 
 from ._threads import torch_threads
 from .chat_templates import QWEN3_VL_CHAT_TEMPLATE
-from .processing import build_image_processor
 from .tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
 ModelKind = Literal["qwen3", "qwen3_vl"]

@@ -4,7 +4,9 @@ The PIL-based ``Qwen2VLImageProcessorPil`` turns images into flattened patches a
 ``(t, h, w)`` patch grid per image. The language model then needs, for each image, exactly
 ``t*h*w // merge_size**2`` ``<|image_pad|>`` tokens in ``input_ids`` and ``mm_token_type_ids``
 marking them (1 = image) so Qwen3-VL can build its M-RoPE positions. This module does those two
-steps once, for the engine, the rollout manager and the trainer alike.
+steps once, for the engine, the rollout manager, the trainer and the leaderboards' local HF agent
+alike; it is in the core so that none of them imports another's internals to get it. Only
+PIL at import time (transformers is loaded when an image processor is built).
 
 A prompt may carry either one ``<|image_pad|>`` per image (as a chat template renders it) or the
 already expanded run; both are accepted, anything else is a :class:`VisionInputError`.
