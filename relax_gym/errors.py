@@ -6,6 +6,31 @@ model reading an error observation) can act on it without opening the source.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def find_cause(exc: BaseException, kind: type[_E]) -> _E | None:
+    """The ``kind`` error behind ``exc``: itself, one of its causes or contexts, or the error a
+    Ray actor raised; None if there is none. Cycles are walked once.
+
+    A ``cause`` attribute is followed before the type is checked: Ray's ``RayTaskError`` is made
+    a subclass of its cause's type but its message is a remote traceback, and the user should see
+    the original one-line message."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        if isinstance(cause, BaseException):
+            current = cause
+            continue
+        if isinstance(current, kind):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
 
 class RelaxGymError(Exception):
     """Base class for every error relax_gym raises on purpose."""

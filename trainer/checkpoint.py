@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from relax_gym.errors import RelaxGymError
+from relax_gym.errors import RelaxGymError, find_cause
 from relax_gym.trainer.backend import TrainerBackend
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, save_tree
 
@@ -75,18 +75,7 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 def find_checkpoint_error(exc: BaseException) -> CheckpointError | None:
     """The :class:`CheckpointError` behind ``exc`` (itself, a cause, or what a Ray actor raised)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError wraps the actor's error
-        if isinstance(cause, BaseException):
-            current = cause
-            continue
-        if isinstance(current, CheckpointError):
-            return current
-        current = current.__cause__ or current.__context__
-    return None
+    return find_cause(exc, CheckpointError)
 
 
 @dataclass

@@ -48,10 +48,30 @@ def _override_after_resume(args: argparse.Namespace) -> None:
         args.resume = True
 
 
+def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
+    """The exit status of a run that raised ``exc``, after one line on stderr: 2 for a missing
+    file, a bad config or a bad checkpoint, 3 (``env_errors.EXIT_CODE``) for the env error-rate
+    stop, also when a Ray actor raised them; None for anything else (a bug: let it propagate)."""
+    from relax_gym.trainer.checkpoint import find_checkpoint_error
+    from relax_gym.trainer.config import ConfigError
+    from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
+
+    bad: Exception | None = find_checkpoint_error(exc)
+    if bad is None and isinstance(exc, (FileNotFoundError, ConfigError)):
+        bad = exc
+    if bad is not None:
+        print(f"relax-gym {command}: {bad}", file=sys.stderr)
+        return 2
+    stop = find_env_error_stop(exc)
+    if stop is None:
+        return None
+    print(f"relax-gym {command}: stopped: {stop}", file=sys.stderr)
+    return EXIT_CODE
+
+
 def run(args: argparse.Namespace) -> int:
     _override_after_resume(args)
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
-    from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
 
     try:
         config = load_config(args.config, args.overrides)
@@ -67,25 +87,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"relax-gym train: config error: {exc}", file=sys.stderr)
         return 2
     try:
-        try:
-            summary = train(config, resume=args.resume)
-        except Exception as exc:  # noqa: BLE001 - only a checkpoint problem is handled here
-            from relax_gym.trainer.checkpoint import find_checkpoint_error
-
-            bad = find_checkpoint_error(exc)  # also when a Ray actor raised it
-            if bad is None:
-                raise
-            print(f"relax-gym train: {bad}", file=sys.stderr)
-            return 2
-    except (FileNotFoundError, ConfigError) as exc:
-        print(f"relax-gym train: {exc}", file=sys.stderr)
-        return 2
+        summary = train(config, resume=args.resume)
     except Exception as exc:
-        stop = find_env_error_stop(exc)  # also when a Ray actor raised it
-        if stop is None:
+        code = exit_code_of_failed_run("train", exc)
+        if code is None:
             raise
-        print(f"relax-gym train: stopped: {stop}", file=sys.stderr)
-        return EXIT_CODE
+        return code
     first = summary.first_eval.get("success")
     final = summary.final_eval.get("success")
     line = f"done ({config.mode}): {summary.steps} RL steps in {summary.elapsed_s / 60:.1f} min; outputs in {summary.out_dir}"

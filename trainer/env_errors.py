@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from relax_gym.errors import RelaxGymError
+from relax_gym.errors import RelaxGymError, find_cause
 
 #: ``relax-gym train``'s exit status when the run stopped for env errors.
 EXIT_CODE = 3
@@ -68,15 +68,7 @@ class EnvErrorWindow:
 
 def find_env_error_stop(exc: BaseException) -> EnvErrorRateExceeded | None:
     """The :class:`EnvErrorRateExceeded` behind ``exc`` (itself, a cause, or what a Ray actor raised)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, EnvErrorRateExceeded):
-            return current
-        seen.add(id(current))
-        cause = getattr(current, "cause", None)  # ray.exceptions.RayTaskError
-        current = cause if isinstance(cause, BaseException) else (current.__cause__ or current.__context__)
-    return None
+    return find_cause(exc, EnvErrorRateExceeded)
 
 
 def check_env_errors(trajectories: Iterable[Any], max_rate: float, where: str) -> None:

@@ -36,21 +36,16 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
-    from relax_gym.trainer.checkpoint import CheckpointError
-    from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
+    from relax_gym.trainer.cli import exit_code_of_failed_run
     from relax_gym.trainer.loop import train
 
     try:
         summary = train(config, resume=args.resume, rl=False)
-    except (FileNotFoundError, ConfigError, CheckpointError) as exc:  # a checkpoint problem names the file
-        print(f"relax-gym sft: {exc}", file=sys.stderr)
-        return 2
     except Exception as exc:
-        stop = find_env_error_stop(exc)
-        if stop is None:
+        code = exit_code_of_failed_run("sft", exc)
+        if code is None:
             raise
-        print(f"relax-gym sft: stopped: {stop}", file=sys.stderr)
-        return EXIT_CODE
+        return code
     first = summary.first_eval.get("success")
     final = summary.final_eval.get("success")
     msg = f"SFT done; model written to {out}"
