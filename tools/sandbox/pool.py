@@ -38,6 +38,18 @@ Isolation = Literal["auto", "full", "rlimits"]
 _ZYGOTE = Path(_zygote.__file__)
 
 
+def _send_signal(pidfd: int | None, pid: int | None, sig: signal.Signals) -> None:
+    """Signal a process through its pidfd (never a recycled pid) or, without one, its pid;
+    a process already gone is not an error."""
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        elif pid is not None:
+            os.kill(pid, sig)
+    except OSError:  # ProcessLookupError, PermissionError and a closed pidfd alike
+        pass
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not be started (not: the user's code failed -- that is an ExecResult)."""
 
@@ -102,24 +114,13 @@ class _Worker:
             pass
 
     def continue_runner(self) -> None:
-        """SIGCONT the runner, stopped at the end of a session's previous call."""
-        try:
-            if self.runner_pidfd is not None:
-                signal.pidfd_send_signal(self.runner_pidfd, signal.SIGCONT)
-            elif self.runner_pid is not None:
-                os.kill(self.runner_pid, signal.SIGCONT)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass  # gone: the executor reports how it ended
+        """SIGCONT the runner, stopped at the end of a session's previous call (if it is gone,
+        the executor reports how it ended)."""
+        _send_signal(self.runner_pidfd, self.runner_pid, signal.SIGCONT)
 
     def kill_executor(self) -> None:
         """SIGKILL the executor (with a PID namespace: everything the code started)."""
-        try:
-            if self.pidfd is not None:
-                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-            elif self.executor_pid is not None:
-                os.kill(self.executor_pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
+        _send_signal(self.pidfd, self.executor_pid, signal.SIGKILL)
         if not self.caps.get("pid") and self.executor_pid is not None:
             try:
                 os.killpg(self.executor_pid, signal.SIGKILL)
