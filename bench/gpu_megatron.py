@@ -13,7 +13,7 @@ Run through ``bench/gpu_megatron.sh`` (torchrun). Per model it:
    Megatron DDP/optimizer/schedule) and reports step time, tokens/s and the losses.
 
 It prints one JSON line per model with the figures. ``--dry-run-cpu`` runs the same script
-with a tiny config on CPU through the debug-only shim (trainer/megatron/cpu_debug.py); it exists
+with a tiny config on CPU through the debug-only shim (trainer/backends/megatron/cpu_debug.py); it exists
 only to check the script itself where no GPU is available.
 """
 
@@ -184,12 +184,12 @@ def _image_inputs(config: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
 def run_model(
     kind: str, shape: dict[str, Any], args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
-    from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
-    from relax_gym.trainer.megatron.config import MegatronConfig, dims_from_hf_config
-    from relax_gym.trainer.megatron.logprobs import next_token_logprobs
-    from relax_gym.trainer.megatron.model import build_gpt_model
-    from relax_gym.trainer.megatron.sources import SafetensorsSource
-    from relax_gym.trainer.megatron.vl import Qwen3VLMegatron
+    from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
+    from relax_gym.trainer.backends.megatron.config import MegatronConfig, dims_from_hf_config
+    from relax_gym.trainer.backends.megatron.logprobs import next_token_logprobs
+    from relax_gym.trainer.backends.megatron.model import build_gpt_model
+    from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
+    from relax_gym.trainer.backends.megatron.vl import Qwen3VLMegatron
     from transformers import (
         AutoModelForCausalLM,
         Qwen3Config,
@@ -305,8 +305,8 @@ def run_model(
 def run_training(args: argparse.Namespace) -> dict[str, Any]:
     """GRPO steps through MegatronBackend on the Qwen3 checkpoint saved by ``run_model``."""
     from relax_gym.trainer.algorithms import AlgorithmConfig
-    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, SequenceBatch
-    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective, SequenceBatch
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
 
     backend = MegatronBackend(
         Path(args.workdir) / "qwen3" / "hf",
@@ -377,7 +377,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
 
     if args.dry_run_cpu:
-        from relax_gym.trainer.megatron.cpu_debug import megatron_on_cpu
+        from relax_gym.trainer.backends.megatron.cpu_debug import megatron_on_cpu
 
         shapes = {"qwen3": TINY_QWEN3, "qwen3vl": TINY_QWEN3VL}
         args.seq_len, args.batch = min(args.seq_len, 24), min(args.batch, 2)
@@ -398,8 +398,8 @@ def main() -> None:
         device = torch.device("cuda", torch.cuda.current_device())
         shim = contextlib.nullcontext()
 
-    from relax_gym.trainer.megatron.config import MegatronConfig
-    from relax_gym.trainer.megatron.model import destroy_model_parallel, init_model_parallel
+    from relax_gym.trainer.backends.megatron.config import MegatronConfig
+    from relax_gym.trainer.backends.megatron.model import destroy_model_parallel, init_model_parallel
 
     workdir = args.workdir
     failed: list[str] = []

@@ -87,7 +87,7 @@ def run_one(model: Path, root: Path, kind: str, steps: int, round_: int = 0) -> 
     import os
 
     from relax_gym.trainer.config import config_from_dict
-    from relax_gym.trainer.modes.runner import train
+    from relax_gym.trainer.modes.async_runner import train
 
     out = root / f"{kind}-r{round_}"
     raw = base_config(model, out, steps)

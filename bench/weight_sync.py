@@ -36,8 +36,8 @@ async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
     from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
     from relax_gym.trainer.engines.weights import push_weights_from_tensor
     from relax_gym.trainer.models import build_tiny_model
-    from relax_gym.trainer.modes.weight_sync import DistributedWeightSync
-    from relax_gym.trainer.torch_backend import TorchBackend
+    from relax_gym.trainer.weights.publisher import DistributedWeightSync
+    from relax_gym.trainer.backends.pytorch import TorchBackend
 
     from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
 

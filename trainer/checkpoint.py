@@ -42,7 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from relax_gym.errors import RelaxGymError, find_cause
-from relax_gym.trainer.backend import TrainerBackend
+from relax_gym.trainer.backends.base import TrainerBackend
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, save_tree
 
 FORMAT_VERSION = 2  # 1 stored pickles (rng.pt, optimizer.pt); 2 stores none

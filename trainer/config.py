@@ -18,13 +18,13 @@ Sections (each documented field by field below):
 * ``warmup`` -- the supervised warm-start from oracle trajectories (also ``relax-gym sft``);
 * ``eval`` -- held-out evaluation every K steps;
 * ``checkpoint`` / ``logging`` -- saving, resuming and observability;
-* ``async_rl`` -- the fully_async and hybrid modes (:class:`~relax_gym.trainer.modes.settings.AsyncConfig`):
+* ``async_rl`` -- the fully_async and hybrid modes (:class:`~relax_gym.trainer.modes.async_config.AsyncConfig`):
   staleness bound, queue, weight-update path, embedded or Ray runtime.
 
 ``mode`` picks how rollout and training share the machine (``relax-gym train`` dispatches on it):
 
 * ``colocate`` -- generate, then train, then sync the weights: strictly on-policy
-  (:mod:`relax_gym.trainer.loop`);
+  (:mod:`relax_gym.trainer.modes.colocate`);
 * ``fully_async`` -- rollout runs on its own engines and never waits for training except where
   ``async_rl.max_staleness`` requires it; reference and proximal logprobs run as separate workers
   (:mod:`relax_gym.trainer.modes`);
@@ -49,11 +49,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from relax_gym.errors import RegistrationError, RelaxGymError
-from relax_gym.trainer.algorithm_config import AlgorithmConfig  # torch-free; algorithms.py imports torch
+from relax_gym.trainer.algorithms.config import AlgorithmConfig  # torch-free; algorithms.py imports torch
 
 # settings.py is plain pydantic (no training-config, torch or ray import), so embedding it here
 # keeps `import relax_gym.trainer.config` as light as before
-from relax_gym.trainer.modes.settings import AsyncConfig
+from relax_gym.trainer.modes.async_config import AsyncConfig
 
 #: Training seeds are drawn below this bound; evaluation seeds start at or above it, so held-out
 #: episodes are never trained on (checked by :class:`TrainConfig`).
@@ -408,7 +408,7 @@ class TrainConfig(_Section):
     # -- views --------------------------------------------------------------------------------------
     @property
     def is_async(self) -> bool:
-        """True for fully_async and hybrid (run by ``relax_gym.trainer.modes.runner``)."""
+        """True for fully_async and hybrid (run by ``relax_gym.trainer.modes.async_runner``)."""
         return self.mode in ASYNC_MODES
 
     @property

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from relax_gym.types import Action, Message, Observation
-from relax_gym.trainer.backend import NLLObjective, OptimizerSettings, SequenceBatch, TrainerBackend
+from relax_gym.trainer.backends.base import NLLObjective, OptimizerSettings, SequenceBatch, TrainerBackend
 from relax_gym.trainer.config import EnvEntry, WarmupConfig
 from relax_gym.trainer.rollout import ChatCodec, EpisodeSpec, Trajectory, TurnRecord
 

@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
-    from relax_gym.trainer.cli import exit_code_of_failed_run
-    from relax_gym.trainer.loop import train
+    from relax_gym.trainer.train_cli import exit_code_of_failed_run
+    from relax_gym.trainer.modes.colocate import train
 
     try:
         summary = train(config, resume=args.resume, rl=False)

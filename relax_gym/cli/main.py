@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "play": ("relax_gym.cli.play", "play one episode as a human, a random agent or the oracle"),
     "tools": ("relax_gym.tools.cli", "list and run tools"),
     "engine": ("relax_gym.trainer.engine_cli", "serve a model with the embedded SGLang-protocol engine"),
-    "train": ("relax_gym.trainer.cli", "train a model on environments (GRPO/GSPO...)"),
+    "train": ("relax_gym.trainer.train_cli", "train a model on environments (GRPO/GSPO...)"),
     "sft": ("relax_gym.trainer.sft_cli", "supervised warm-start from oracle trajectories"),
     "eval": ("relax_gym.leaderboards.eval_cli", "evaluate an agent on an env suite"),
     "leaderboard": ("relax_gym.leaderboards.leaderboard_cli", "render leaderboards from eval runs"),

@@ -51,7 +51,7 @@ UPPER = ("relax_gym.trainer", "relax_gym.leaderboards")
 # The CLI's subcommands that live above the core, loaded by name only when run.
 CLI_SUBCOMMANDS_ABOVE_CORE = {
     "relax_gym.trainer.engine_cli",
-    "relax_gym.trainer.cli",
+    "relax_gym.trainer.train_cli",
     "relax_gym.trainer.sft_cli",
     "relax_gym.leaderboards.eval_cli",
     "relax_gym.leaderboards.leaderboard_cli",
@@ -261,8 +261,8 @@ def forbidden_edges() -> list[str]:
 
 
 def test_every_module_parses_and_the_graph_is_not_empty() -> None:
-    assert "relax_gym.trainer.modes.runner" in modules() and "relax_gym.envs" in modules()
-    assert any(e.source == "relax_gym.trainer.cli" for e in edges())
+    assert "relax_gym.trainer.modes.async_runner" in modules() and "relax_gym.envs" in modules()
+    assert any(e.source == "relax_gym.trainer.train_cli" for e in edges())
 
 
 def test_the_cycle_finder_reports_each_ring_once() -> None:

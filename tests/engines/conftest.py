@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 from relax_gym.trainer.models import build_tiny_model
-from relax_gym.trainer.models.scripted import teach_completions
+from tests.scripted_model import teach_completions
 
 API_KEY = "test-secret-key"
 ADD_TOOL = {

@@ -43,8 +43,8 @@ def _child(
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        from relax_gym.trainer.megatron.config import MegatronConfig
-        from relax_gym.trainer.megatron.model import destroy_model_parallel, init_model_parallel
+        from relax_gym.trainer.backends.megatron.config import MegatronConfig
+        from relax_gym.trainer.backends.megatron.model import destroy_model_parallel, init_model_parallel
 
         from tests.megatron.cpu_shim import megatron_on_cpu
 
@@ -122,11 +122,11 @@ def qwen3_check(
 ) -> Result:
     """Load an HF Qwen3 into Megatron; compare logprobs/entropy/grads; export and re-import."""
     from megatron.core import parallel_state as ps
-    from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
-    from relax_gym.trainer.megatron.config import dims_from_hf_config
-    from relax_gym.trainer.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
-    from relax_gym.trainer.megatron.model import build_gpt_model
-    from relax_gym.trainer.megatron.sources import SafetensorsSource, StateDictSource
+    from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
+    from relax_gym.trainer.backends.megatron.config import dims_from_hf_config
+    from relax_gym.trainer.backends.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
+    from relax_gym.trainer.backends.megatron.model import build_gpt_model
+    from relax_gym.trainer.backends.megatron.sources import SafetensorsSource, StateDictSource
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_config = AutoConfig.from_pretrained(model_dir)
@@ -195,7 +195,7 @@ def qwen3_check(
         out["export_files"] = sorted(p.name for p in Path(written).glob("*.safetensors"))
 
     # Bad checkpoints fail loudly and name the tensor (run last: a failed load is partial).
-    from relax_gym.trainer.megatron.config import MegatronBridgeError
+    from relax_gym.trainer.backends.megatron.config import MegatronBridgeError
 
     layer0 = f"{dims.hf_prefix}layers.0."
     missing = {k: v for k, v in state.items() if k != layer0 + "mlp.up_proj.weight"}
@@ -214,10 +214,10 @@ def qwen3vl_check(
 ) -> Result:
     """Load an HF Qwen3-VL into Megatron + HF vision tower; compare logprobs on an image."""
     from PIL import Image
-    from relax_gym.trainer.megatron.bridge import iter_hf_buckets, save_hf_folder
-    from relax_gym.trainer.megatron.logprobs import next_token_logprobs
-    from relax_gym.trainer.megatron.sources import SafetensorsSource
-    from relax_gym.trainer.megatron.vl import Qwen3VLMegatron, mrope_position_ids
+    from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, save_hf_folder
+    from relax_gym.trainer.backends.megatron.logprobs import next_token_logprobs
+    from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
+    from relax_gym.trainer.backends.megatron.vl import Qwen3VLMegatron, mrope_position_ids
     from transformers import AutoConfig, Qwen3VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -314,7 +314,7 @@ def qwen3vl_check(
 
 def grpo_batch(vocab: int, seed: int = 0) -> Any:
     """A fixed GRPO-style batch: 2 groups of 3 variable-length answers, +-1 advantages."""
-    from relax_gym.trainer.backend import SequenceBatch
+    from relax_gym.trainer.backends.base import SequenceBatch
 
     gen = torch.Generator().manual_seed(seed)
     input_ids, loss_mask, advantages, groups = [], [], [], []
@@ -345,8 +345,8 @@ def backend_check(
 
     from megatron.core import parallel_state as ps
     from relax_gym.trainer.algorithms import AlgorithmConfig
-    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
-    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
     from transformers import AutoModelForCausalLM
 
     settings = OptimizerSettings(lr=lr, grad_clip=None)
@@ -417,7 +417,7 @@ def backend_check(
 
     if compare_torch and dist.get_rank() == 0:
         # The plain-torch backend on the same weights and batch (one micro-batch, one rank).
-        from relax_gym.trainer.torch_backend import TorchBackend
+        from relax_gym.trainer.backends.pytorch import TorchBackend
 
         ref = TorchBackend(model_dir, micro_batch_size=len(batch), optimizer=settings)
         ref_batch = dataclasses.replace(batch)
@@ -467,8 +467,8 @@ def run_isolated(
 def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> Result:
     """Single process, as the training loop makes it: Qwen3-VL batch with images, packed."""
     from PIL import Image
-    from relax_gym.trainer.backend import NLLObjective, OptimizerSettings, SequenceBatch
-    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.base import NLLObjective, OptimizerSettings, SequenceBatch
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
     from transformers import AutoConfig, Qwen3VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
         Qwen2VLImageProcessorPil,
@@ -541,8 +541,8 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
 def bf16_backend_check(model_dir: str, work_dir: str) -> Result:
     """bf16 parameters (fp32 main weights in Megatron's optimizer): steps, save, resume."""
     from relax_gym.trainer.algorithms import AlgorithmConfig
-    from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
-    from relax_gym.trainer.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
 
     backend = MegatronBackend(
         model_dir,

@@ -99,7 +99,7 @@ def test_cpu_without_debug_flag_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import torch
-    from relax_gym.trainer.megatron.backend import MegatronBackend, MegatronBackendError
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend, MegatronBackendError
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only message")

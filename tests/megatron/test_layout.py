@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from relax_gym.trainer.megatron.bridge import plan_bucket_sizes
-from relax_gym.trainer.megatron.config import (
+from relax_gym.trainer.backends.megatron.bridge import plan_bucket_sizes
+from relax_gym.trainer.backends.megatron.config import (
     MegatronBridgeError,
     MegatronConfig,
     ModelDims,
     check_parallel_layout,
     dims_from_hf_config,
 )
-from relax_gym.trainer.megatron.layout import all_maps, hf_from_shards, hf_shapes, shard_from_hf
-from relax_gym.trainer.megatron.sources import SafetensorsSource, StateDictSource
+from relax_gym.trainer.backends.megatron.layout import all_maps, hf_from_shards, hf_shapes, shard_from_hf
+from relax_gym.trainer.backends.megatron.sources import SafetensorsSource, StateDictSource
 
 from tests.megatron import tiny_models
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from relax_gym.trainer.megatron.config import MegatronBridgeError
-from relax_gym.trainer.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
-from relax_gym.trainer.megatron.vl import mrope_position_ids
+from relax_gym.trainer.backends.megatron.config import MegatronBridgeError
+from relax_gym.trainer.backends.megatron.logprobs import next_token_logprobs, vocab_parallel_logprobs
+from relax_gym.trainer.backends.megatron.vl import mrope_position_ids
 
 from tests.megatron import tiny_models
 
@@ -46,7 +46,7 @@ def test_position_ids_reject_mismatched_image_runs() -> None:
 
 
 def test_interleaved_frequencies_match_transformers_rotary(hf_vl_model) -> None:  # type: ignore[no-untyped-def]
-    from relax_gym.trainer.megatron.rope import interleave_mrope_freqs
+    from relax_gym.trainer.backends.megatron.rope import interleave_mrope_freqs
 
     rotary = hf_vl_model.language_model.rotary_emb
     positions = torch.randint(0, 50, (3, 2, 7))

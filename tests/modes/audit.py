@@ -11,7 +11,7 @@ from typing import Any
 
 from relax_gym.trainer.checkpoint import latest_checkpoint
 from relax_gym.trainer.modes.learner import read_ledger
-from relax_gym.trainer.modes.queue import groups_from_trajectories
+from relax_gym.trainer.modes.trajectory_queue import groups_from_trajectories
 from relax_gym.trainer.rollout import load_jsonl
 
 

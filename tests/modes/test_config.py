@@ -14,7 +14,7 @@ import yaml
 from relax_gym.cli.main import main
 from relax_gym.trainer.config import ConfigError, TrainConfig, config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
-from relax_gym.trainer.modes.runner import needs_workers
+from relax_gym.trainer.modes.async_runner import needs_workers
 
 from .conftest import config_dict
 
@@ -58,7 +58,7 @@ def test_which_logprob_workers_each_mode_runs() -> None:
 def test_the_colocate_loop_refuses_an_async_config(tmp_path: Path) -> None:
     """Calling the colocate loop directly with an async mode fails before any work instead of
     silently training on-policy."""
-    from relax_gym.trainer.loop import train
+    from relax_gym.trainer.modes.colocate import train
 
     cfg = config_from_dict(BASE, ["mode=hybrid", f"output_dir={tmp_path / 'run'}"])
     with pytest.raises(ValueError, match="does not run mode 'hybrid'"):

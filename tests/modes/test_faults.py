@@ -18,7 +18,7 @@ import pytest
 import yaml
 from relax_gym.trainer.config import config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
-from relax_gym.trainer.modes.runner import run_async
+from relax_gym.trainer.modes.async_runner import run_async
 
 from .audit import audit_run
 from .conftest import config_dict, start_engine

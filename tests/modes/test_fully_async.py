@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from relax_gym.trainer.config import EnvEntry, config_from_dict
-from relax_gym.trainer.loop.data import EpisodeSampler
+from relax_gym.trainer.rollout.sampler import EpisodeSampler
 from relax_gym.trainer.modes.learner import read_ledger
-from relax_gym.trainer.modes.runner import run_async
+from relax_gym.trainer.modes.async_runner import run_async
 
 from . import workload
 from .audit import audit_run

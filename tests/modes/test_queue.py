@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 from relax_gym.trainer.algorithms import AlgorithmConfig
-from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, to_sequence_batch
-from relax_gym.trainer.modes.queue import (
+from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, to_sequence_batch
+from relax_gym.trainer.modes.trajectory_queue import (
     QueuedGroup,
     QueuedSample,
     QueueError,

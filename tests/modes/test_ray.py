@@ -16,7 +16,7 @@ import pytest
 from relax_gym.trainer.checkpoint import latest_checkpoint
 from relax_gym.trainer.config import config_from_dict
 from relax_gym.trainer.modes.learner import read_ledger
-from relax_gym.trainer.modes.runner import run_async
+from relax_gym.trainer.modes.async_runner import run_async
 
 from .audit import audit_run
 from .conftest import config_dict

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from relax_gym.trainer.backend import SequenceBatch
-from relax_gym.trainer.modes.weight_sync import DistributedWeightSync, ElasticRouter, WeightPublisher
-from relax_gym.trainer.torch_backend import TorchBackend
+from relax_gym.trainer.backends.base import SequenceBatch
+from relax_gym.trainer.weights.publisher import DistributedWeightSync, ElasticRouter, WeightPublisher
+from relax_gym.trainer.backends.pytorch import TorchBackend
 
 from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
 

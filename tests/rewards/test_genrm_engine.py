@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # builds and teaches a tiny judge model (~15-35 s
 
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess  # noqa: E402
 from relax_gym.trainer.models import build_tiny_model  # noqa: E402
-from relax_gym.trainer.models.scripted import teach_completions  # noqa: E402
+from tests.scripted_model import teach_completions  # noqa: E402
 
 API_KEY = "judge-key"
 RIGHT = RewardInput.from_text("What is the capital of France?", "Paris", label="Paris")

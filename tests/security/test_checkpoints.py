@@ -91,8 +91,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def backend(tiny_model: Path) -> Any:
-    from relax_gym.trainer.backend import OptimizerSettings
-    from relax_gym.trainer.torch_backend import TorchBackend
+    from relax_gym.trainer.backends.base import OptimizerSettings
+    from relax_gym.trainer.backends.pytorch import TorchBackend
 
     return TorchBackend(tiny_model, optimizer=OptimizerSettings(lr=1e-2))
 
@@ -100,7 +100,7 @@ def backend(tiny_model: Path) -> Any:
 @pytest.fixture
 def saved(backend: Any, tmp_path: Path) -> Path:
     """A run folder holding checkpoints step_000001 and step_000002 (the newest)."""
-    from relax_gym.trainer.backend import NLLObjective, SequenceBatch
+    from relax_gym.trainer.backends.base import NLLObjective, SequenceBatch
 
     backend.train_step(SequenceBatch([[5, 6, 7, 8]], [[0, 1, 1, 1]]), NLLObjective())  # a real AdamW state
     save_checkpoint(tmp_path, "step_000001", backend, TrainerState(step=1), keep_last=5)
@@ -156,8 +156,8 @@ def test_pickle_in_place_of_a_state_file_is_refused(saved: Path, backend: Any, m
 
 def test_no_unpickling_call_is_left_in_the_checkpoint_code() -> None:
     """The files that read checkpoints call neither pickle.load(s) nor torch.load(weights_only=False)."""
-    for rel in ("trainer/checkpoint.py", "trainer/torch_backend.py", "trainer/safe_state.py",
-                "trainer/megatron/backend.py", "trainer/modes/queue.py", "trainer/modes/learner.py"):
+    for rel in ("trainer/checkpoint.py", "trainer/backends/pytorch.py", "trainer/safe_state.py",
+                "trainer/backends/megatron/backend.py", "trainer/modes/trajectory_queue.py", "trainer/modes/learner.py"):
         text = (ROOT / rel).read_text(encoding="utf-8")
         assert "weights_only=False" not in text, rel
         assert "pickle.load" not in text, rel
@@ -165,7 +165,7 @@ def test_no_unpickling_call_is_left_in_the_checkpoint_code() -> None:
 
 def test_megatron_dcp_metadata_pickle_never_runs(tmp_path: Path, marker: Path) -> None:
     """DCP reads ``.metadata`` with a plain pickle.load; ours refuses every foreign global."""
-    from relax_gym.trainer.megatron.safe_checkpoint import UnsafeCheckpointError, read_dcp_metadata
+    from relax_gym.trainer.backends.megatron.safe_checkpoint import UnsafeCheckpointError, read_dcp_metadata
 
     (tmp_path / ".metadata").write_bytes(evil_pickle(marker))
     with pytest.raises(UnsafeCheckpointError, match="refused") as err:
@@ -177,7 +177,7 @@ def test_megatron_dcp_metadata_cannot_point_outside_the_folder(tmp_path: Path) -
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, MetadataIndex
 
-    from relax_gym.trainer.megatron.safe_checkpoint import UnsafeCheckpointError, read_dcp_metadata
+    from relax_gym.trainer.backends.megatron.safe_checkpoint import UnsafeCheckpointError, read_dcp_metadata
 
     (tmp_path / "data.distcp").write_bytes(b"x" * 8)
     for name, (offset, length), why in [("../../etc/passwd", (0, 4), "not a data file"),
@@ -368,8 +368,8 @@ def test_trainer_resume_falls_back_past_a_corrupt_checkpoint(tiny_model: Path, t
                                                              caplog: pytest.LogCaptureFixture) -> None:
     """The loop's own resume path (before any engine starts) takes the older valid checkpoint."""
     from relax_gym.trainer.config import config_from_dict
-    from relax_gym.trainer.loop import Trainer
-    from relax_gym.trainer.loop.colocate import config_hash, make_backend
+    from relax_gym.trainer.modes.colocate import Trainer
+    from relax_gym.trainer.modes.colocate import config_hash, make_backend
 
     config = _config(tiny_model, tmp_path / "run")
     be = make_backend(config, tiny_model)
@@ -480,8 +480,8 @@ def _megatron_attacks(model_dir: str, work_dir: str, marker: str) -> dict[str, A
     """Runs in a fresh process with the CPU shim: save a real state, then load crafted copies."""
     import shutil
 
-    from relax_gym.trainer.backend import NLLObjective, OptimizerSettings
-    from relax_gym.trainer.megatron.backend import MegatronBackend, MegatronBackendError
+    from relax_gym.trainer.backends.base import NLLObjective, OptimizerSettings
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend, MegatronBackendError
     from tests.megatron import dist_workers
 
     work = Path(work_dir)
@@ -580,7 +580,7 @@ def test_a_record_cannot_follow_a_symlink_out_of_its_folder(tmp_path) -> None:
 
 def _bare_producer():
     from relax_gym.trainer.config import EnvEntry
-    from relax_gym.trainer.loop.data import EpisodeSampler
+    from relax_gym.trainer.rollout.sampler import EpisodeSampler
     from relax_gym.trainer.modes.producer import RolloutProducer
 
     producer = RolloutProducer.__new__(RolloutProducer)  # only the state fields matter here

@@ -274,7 +274,7 @@ def test_non_finite_numbers_are_refused_in_free_form_sections_and_lists(raw: str
 def test_config_models_refuse_non_finite_values_when_built_directly() -> None:
     from relax_gym.trainer.algorithms import AlgorithmConfig
     from relax_gym.trainer.config import OptimConfig, RolloutSection
-    from relax_gym.trainer.modes.settings import AsyncConfig, RoleResources
+    from relax_gym.trainer.modes.async_config import AsyncConfig, RoleResources
 
     for build in (lambda: OptimConfig(lr=float("inf")), lambda: OptimConfig(betas=(float("nan"), 0.9)),
                   lambda: RolloutSection(temperature=float("nan")), lambda: AlgorithmConfig(kl_loss_coef=float("inf")),
@@ -356,7 +356,7 @@ def test_sft_checks_the_envs_too(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_the_library_entry_checks_the_envs_before_building_the_model(tmp_path: Path) -> None:
-    from relax_gym.trainer.loop import train
+    from relax_gym.trainer.modes.colocate import train
 
     cfg = config_from_dict(base(output_dir=str(tmp_path / "run"),
                                 data={"envs": [{"id": GOOD_ENV, "kwargs": {"levle": 1}}]}))
@@ -414,8 +414,8 @@ def _stub_codec() -> Any:
 def test_colocate_stops_when_most_of_a_step_fails_in_the_env(tmp_path: Path) -> None:
     from relax_gym.rewards import RewardComposer
     from relax_gym.trainer.env_errors import EnvErrorRateExceeded
-    from relax_gym.trainer.loop import Trainer
-    from relax_gym.trainer.loop.data import EpisodeSampler
+    from relax_gym.trainer.modes.colocate import Trainer
+    from relax_gym.trainer.rollout.sampler import EpisodeSampler
 
     def trainer_for(rate: float) -> Any:
         cfg = config_from_dict(base(output_dir=str(tmp_path), data={"envs": [{"id": BROKEN_ID}]},
@@ -453,7 +453,7 @@ def test_the_async_producer_stops_when_most_episodes_fail_in_the_env(tmp_path: P
 
 def test_the_cli_exits_3_with_one_line_when_the_run_stops_for_env_errors(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from relax_gym.trainer import cli
+    from relax_gym.trainer import train_cli as cli
     from relax_gym.trainer.env_errors import EnvErrorRateExceeded
 
     def failing_train(config: Any, *, resume: bool = False) -> Any:

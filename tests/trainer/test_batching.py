@@ -7,7 +7,7 @@ import torch
 from relax_gym.rewards import RewardResult
 from relax_gym.trainer.algorithms import AlgorithmConfig
 from relax_gym.trainer.config import EnvEntry
-from relax_gym.trainer.loop.batching import (
+from relax_gym.trainer.algorithms.batching import (
     ScoredSample,
     attach_advantages,
     reward_inputs,
@@ -15,7 +15,7 @@ from relax_gym.trainer.loop.batching import (
     split_by_groups,
     to_sequence_batch,
 )
-from relax_gym.trainer.loop.data import EVAL_ENV_STRIDE, EpisodeSampler, eval_specs
+from relax_gym.trainer.rollout.sampler import EVAL_ENV_STRIDE, EpisodeSampler, eval_specs
 from relax_gym.trainer.rollout import Trajectory, TurnRecord
 from relax_gym.types import Message
 
@@ -105,7 +105,7 @@ def test_envs_can_come_from_an_entry_point(tmp_path, monkeypatch) -> None:  # ty
 
     import relax_gym
     from relax_gym.trainer.config import ConfigError, config_from_dict
-    from relax_gym.trainer.loop.data import register_entry_points
+    from relax_gym.trainer.rollout.sampler import register_entry_points
 
     source = tmp_path / "my_envs.py"
     source.write_text("from tests.trainer.envs import LetterEnv as MyEnv\n", encoding="utf-8")

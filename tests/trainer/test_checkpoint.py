@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax_gym.trainer.backend import NLLObjective, OptimizerSettings, SequenceBatch
+from relax_gym.trainer.backends.base import NLLObjective, OptimizerSettings, SequenceBatch
 from relax_gym.trainer.checkpoint import (
     CheckpointError,
     TrainerState,
@@ -18,7 +18,7 @@ from relax_gym.trainer.checkpoint import (
     save_checkpoint,
 )
 from relax_gym.trainer.rollout import Trajectory
-from relax_gym.trainer.torch_backend import TorchBackend
+from relax_gym.trainer.backends.pytorch import TorchBackend
 
 
 def buffered() -> list[Trajectory]:

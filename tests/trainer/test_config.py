@@ -184,10 +184,10 @@ def test_cli_print_config_round_trips_the_async_section(tmp_path: Path, capsys: 
 
 def test_config_import_pulls_no_ray_and_the_async_section_no_torch() -> None:
     """The async section is plain pydantic: embedding it adds neither ray nor torch to the config's imports."""
-    code = ("import sys; import relax_gym.trainer.modes.settings as s; "
+    code = ("import sys; import relax_gym.trainer.modes.async_config as s; "
             "assert not {'torch', 'ray', 'relax_gym.trainer.config'} & set(sys.modules), sorted(sys.modules); "
             "import relax_gym.trainer.config; assert 'ray' not in sys.modules; "
             "print(sorted(m for m in sys.modules if m.startswith('relax_gym.trainer.modes')))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['relax_gym.trainer.modes', 'relax_gym.trainer.modes.settings']"
+    assert done.stdout.strip() == "['relax_gym.trainer.modes', 'relax_gym.trainer.modes.async_config']"

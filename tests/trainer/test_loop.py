@@ -19,8 +19,8 @@ import torch
 
 from relax_gym.protocol import EngineClient
 from relax_gym.trainer.config import TrainConfig, config_from_dict
-from relax_gym.trainer.loop import Trainer, train
-from relax_gym.trainer.loop.teacher import teacher_logprobs
+from relax_gym.trainer.modes.colocate import Trainer, train
+from relax_gym.trainer.rollout.teacher import teacher_logprobs
 from relax_gym.trainer.observability import read_metrics
 from relax_gym.trainer.rollout import Trajectory
 
@@ -44,7 +44,7 @@ def loop_config(model: Path, out: Path, *overrides: str) -> TrainConfig:
 async def engine_and_trainer_logprobs(trainer: Trainer, trajs: list[Trajectory]
                                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampled tokens' logprobs: at rollout time, scored by the engine now, by the trainer now."""
-    from relax_gym.trainer.backend import SequenceBatch
+    from relax_gym.trainer.backends.base import SequenceBatch
 
     client = EngineClient(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
     try:

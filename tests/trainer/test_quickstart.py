@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from relax_gym.trainer.config import load_config
-from relax_gym.trainer.loop import train
+from relax_gym.trainer.modes.colocate import train
 from relax_gym.trainer.observability import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ import torch
 import relax_gym
 from relax_gym import Message, Observation
 from relax_gym.trainer.config import EnvEntry, WarmupConfig
-from relax_gym.trainer.loop.data import EpisodeSampler
+from relax_gym.trainer.rollout.sampler import EpisodeSampler
 from relax_gym.trainer.rollout import ChatCodec, EpisodeSpec
 from relax_gym.trainer.sft import OracleError, WarmupPhase, assistant_text, oracle_trajectory, sft_batch
-from relax_gym.trainer.torch_backend import TorchBackend
+from relax_gym.trainer.backends.pytorch import TorchBackend
 from relax_gym.types import Action, ToolCall
 
 

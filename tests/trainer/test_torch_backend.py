@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from relax_gym.trainer.algorithms import AlgorithmConfig
-from relax_gym.trainer.backend import (
+from relax_gym.trainer.backends.base import (
     BatchError,
     NLLObjective,
     OptimizerSettings,
@@ -18,7 +18,7 @@ from relax_gym.trainer.backend import (
     SequenceBatch,
     micro_batches,
 )
-from relax_gym.trainer.torch_backend import TorchBackend
+from relax_gym.trainer.backends.pytorch import TorchBackend
 
 
 def text_batch(n: int = 5, seed: int = 0) -> SequenceBatch:

@@ -26,11 +26,11 @@ from starlette.requests import Request
 
 from relax_gym.protocol import ChatCompletionRequest, GenerateRequest, SamplingParams
 
-from .prepare import BadRequest, HTTPError, check_context, check_image_count, check_prompt_chars, tokenize_bounded
-from .tool_calls import parse_tool_calls, strip_tool_calls, to_openai
+from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, check_context, check_image_count, check_prompt_chars, tokenize_bounded
+from relax_gym.trainer.engines.tool_calls import parse_tool_calls, strip_tool_calls, to_openai
 
 if TYPE_CHECKING:  # server.py imports this module for its route; the service is only a type here
-    from .server import EngineService
+    from relax_gym.trainer.engines.server import EngineService
 
 _IMAGE_PARTS = ("image_url", "image")
 _UNSUPPORTED_PARTS = ("input_audio", "audio", "audio_url", "video_url", "video")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the sampler imports torch; this module must stay light until serve() runs
     import uvicorn
 
-    from .sampling import LogprobMode
+    from relax_gym.trainer.engines.sampling import LogprobMode
 
 
 @dataclass
@@ -117,10 +117,10 @@ def serve(opts: EmbeddedOptions) -> int:
     import torch
     import uvicorn
 
-    from .engine import EngineCore
-    from .runner import ModelRunner
-    from .server import EngineService, ServerConfig, build_app
-    from .weights import WeightReceiver
+    from relax_gym.trainer.engines.engine import EngineCore
+    from relax_gym.trainer.engines.model_runner import ModelRunner
+    from relax_gym.trainer.engines.server import EngineService, ServerConfig, build_app
+    from relax_gym.trainer.engines.weights import WeightReceiver
 
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.WARNING),

@@ -40,10 +40,10 @@ import torch
 
 from relax_gym.vision import VisionInputs
 
-from .kv import BatchKV
-from .prefix_cache import PrefixCache
-from .runner import ModelRunner, SeqInput
-from .sampling import (
+from relax_gym.trainer.engines.kv import BatchKV
+from relax_gym.trainer.engines.prefix_cache import PrefixCache
+from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput
+from relax_gym.trainer.engines.sampling import (
     LogprobMode,
     SamplingSpec,
     make_generator,

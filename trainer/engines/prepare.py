@@ -29,8 +29,8 @@ from relax_gym.media import MediaLimits, load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
 from relax_gym.vision import VisionInputError, VisionInputs, prepare_vision_inputs
 
-from .runner import ModelRunner
-from .sampling import SamplingSpec
+from relax_gym.trainer.engines.model_runner import ModelRunner
+from relax_gym.trainer.engines.sampling import SamplingSpec
 
 # SGLang sampling parameters the embedded engine does not implement, with their neutral values.
 # A request may send the neutral value (clients often send defaults); anything else is refused.

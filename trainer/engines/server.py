@@ -63,11 +63,11 @@ from relax_gym.protocol import (
     UpdateWeightsFromDistributedRequest,
 )
 
-from .engine import EngineCore, make_sequence
-from .chat import chat_completions
-from .prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
-from .runner import WeightUpdateError
-from .weights import (
+from relax_gym.trainer.engines.engine import EngineCore, make_sequence
+from relax_gym.trainer.engines.chat import chat_completions
+from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
+from relax_gym.trainer.engines.model_runner import WeightUpdateError
+from relax_gym.trainer.engines.weights import (
     UpdateWeightsFromTensorRequest,
     WeightGroupError,
     WeightReceiver,

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .launch import ServerProcess, ServerStartError, Terminated, sigterm_raises
+from relax_gym.trainer.engines.launch import ServerProcess, ServerStartError, Terminated, sigterm_raises
 
 
 @dataclass

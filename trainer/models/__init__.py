@@ -18,14 +18,14 @@ from relax_gym.vision import (
     prepare_vision_inputs,
 )
 
-from .tiny import (
+from relax_gym.trainer.models.tiny import (
     KINDS,
     TinyModelError,
     build_tiny_model,
     folder_size_bytes,
     normalize_kind,
 )
-from .tokenizer import (
+from relax_gym.trainer.models.tokenizer import (
     QWEN_SPECIAL_TOKENS,
     TokenizerFilesMissing,
     load_qwen3_tokenizer,

@@ -19,9 +19,9 @@ from typing import Any, Literal
 from relax_gym.errors import RelaxGymError
 from relax_gym.vision import build_image_processor
 
-from ._threads import torch_threads
-from .chat_templates import QWEN3_VL_CHAT_TEMPLATE
-from .tokenizer import load_qwen3_tokenizer, train_tiny_bpe
+from relax_gym.trainer.models._threads import torch_threads
+from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
+from relax_gym.trainer.models.tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
 ModelKind = Literal["qwen3", "qwen3_vl"]
 TokenizerKind = Literal["qwen3", "tiny-bpe"]

@@ -1,30 +1,33 @@
-"""Execution modes beyond colocate: fully asynchronous and hybrid RL, on one machine or on Ray.
+"""Execution modes: colocate, and fully asynchronous / hybrid RL on one machine or on Ray.
 
-* :class:`~.settings.AsyncConfig` -- the ``async_rl:`` section of the one training config
+* :mod:`.colocate` -- generate, then train, then sync: strictly on-policy (``mode: colocate``);
+* :class:`~.async_config.AsyncConfig` -- the ``async_rl:`` section of the one training config
   (:class:`~relax_gym.trainer.config.TrainConfig`, whose ``mode`` selects colocate, fully_async
   or hybrid);
-* :class:`~.queue.TrajectoryQueue` -- bounded, group-preserving, per-sample staleness admission,
-  exactly-once consumption, checkpointable;
+* :class:`~.trajectory_queue.TrajectoryQueue` -- bounded, group-preserving, per-sample
+  staleness admission, exactly-once consumption, checkpointable;
 * :class:`~.producer.RolloutProducer` -- continuous, throttled generation into the queue;
 * :class:`~.learner.Learner` -- trains on queued batches and publishes weights while rollouts run;
-* :class:`~.logprobs.LogprobWorker` -- reference / proximal logprobs off the trainer's path;
-* :mod:`.weight_sync` -- the distributed broadcast path, publishing with failover, elastic joins;
-* :mod:`.runner` -- the loop and the embedded runtime; :mod:`.ray_runtime` -- the Ray runtime.
+* :class:`~.logprob_workers.LogprobWorker` -- reference / proximal logprobs off the trainer's path;
+* :mod:`.async_runner` -- the fully_async / hybrid loop and the embedded runtime;
+  :mod:`.ray_runtime` and :mod:`.ray_actors` -- the Ray runtime; :mod:`.roles` -- role handles.
 
-``relax-gym train CONFIG [key=value ...] [--resume]`` runs any mode (``python -m
-relax_gym.trainer.modes`` is the same command). See ``docs/async.md``.
+Weight publishing lives in :mod:`relax_gym.trainer.weights`. ``relax-gym train CONFIG
+[key=value ...] [--resume]`` runs any mode (``python -m relax_gym.trainer.modes`` is the same
+command). See ``docs/async.md``.
 """
 
 from importlib import import_module
 from typing import Any
 
 # Names are loaded on first use: a Ray reward worker imports this package without paying for
-# torch, and the training config imports .settings without a cycle.
-_EXPORTS = {
-    "AsyncConfig": ".settings", "RayConfig": ".settings", "RoleResources": ".settings",
-    "Batch": ".queue", "QueueError": ".queue", "QueuedGroup": ".queue", "QueuedSample": ".queue",
-    "TrajectoryQueue": ".queue", "run_async": ".runner", "train": ".runner",
+# torch, and the training config imports .async_config without a cycle.
+_HOMES = {
+    ".async_config": ["AsyncConfig", "RayConfig", "RoleResources"],
+    ".trajectory_queue": ["Batch", "QueueError", "QueuedGroup", "QueuedSample", "TrajectoryQueue"],
+    ".async_runner": ["run_async", "train"],
 }
+_EXPORTS = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [
     "AsyncConfig", "Batch", "QueueError", "QueuedGroup", "QueuedSample", "RayConfig", "RoleResources",

@@ -1,6 +1,6 @@
 """The trainer role of the asynchronous modes: train on queued batches, publish weights.
 
-:class:`Learner` is the colocate :class:`~relax_gym.trainer.loop.Trainer` (same set-up, warm-up
+:class:`Learner` is the colocate :class:`~relax_gym.trainer.modes.colocate.Trainer` (same set-up, warm-up
 SFT, evaluation, checkpoints, metrics and logging) with the RL step replaced: instead of
 generating its own batch it trains on a :class:`~.queue.Batch` of whole groups taken from the
 queue, and publishes the new weights while the producer keeps generating. Per step:
@@ -34,15 +34,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective
+from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective
 from relax_gym.trainer.checkpoint import CheckpointError, Resume, save_checkpoint
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.loop import Trainer
-from relax_gym.trainer.loop.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
+from relax_gym.trainer.modes.colocate import Trainer
+from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
-from .queue import Batch, QueuedGroup, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
-from .weight_sync import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
+from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
+from relax_gym.trainer.weights.publisher import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
 
 log = logging.getLogger("relax_gym.trainer.modes")
 LEDGER = "ledger.jsonl"
@@ -85,7 +85,7 @@ class Learner(Trainer):
             self.fleet = None  # type: ignore[assignment]
             urls, api_key = list(self.engine_urls), self.given_api_key
         else:
-            from relax_gym.trainer.loop.engines import EngineFleet
+            from relax_gym.trainer.engines.fleet import EngineFleet
 
             self.fleet = EngineFleet(c.engine, self.model_path, self.out / "engines", seed=c.seed)
             await asyncio.to_thread(self.fleet.start)
@@ -181,7 +181,7 @@ class Learner(Trainer):
 
     def prepare_model_folder(self) -> str:
         """Build (or find) the starting model folder, before engines that serve it start."""
-        from relax_gym.trainer.loop import prepare_model
+        from relax_gym.trainer.modes.colocate import prepare_model
 
         self.out.mkdir(parents=True, exist_ok=True)
         return str(prepare_model(self.config, self.out))
@@ -282,7 +282,7 @@ class Learner(Trainer):
                 full.ref_logprobs = ref
             teacher = None
             if self.teacher is not None:
-                from relax_gym.trainer.loop.teacher import teacher_logprobs
+                from relax_gym.trainer.rollout.teacher import teacher_logprobs
 
                 teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
             metrics.update(attach_advantages(full, [s.reward for s in samples], c.algorithm, ref_logprobs=ref,
@@ -308,7 +308,7 @@ class Learner(Trainer):
         self._assign_version()
         if self.overlaps_sync and self.backend.version != self._synced_version:
             # what the next publish sends, while the next step already trains
-            from .logprobs import current_weights
+            from relax_gym.trainer.modes.logprob_workers import current_weights
 
             self._pending = (self.state.weight_version, self.backend.version, current_weights(self.backend))
         self._write_ledger(batch, version)
@@ -496,7 +496,7 @@ class Learner(Trainer):
 
     def current_weights(self) -> list[tuple[str, torch.Tensor]]:
         """A CPU copy of the weights (for the proximal worker)."""
-        from .logprobs import current_weights
+        from relax_gym.trainer.modes.logprob_workers import current_weights
 
         return current_weights(self.backend)
 

@@ -33,9 +33,9 @@ from typing import Any
 
 from relax_gym.trainer.config import TrainConfig
 
-from .actors import RoleActor
-from .roles import RayRole, Role, Roles, needs_workers
-from .settings import RoleResources
+from relax_gym.trainer.modes.ray_actors import RoleActor
+from relax_gym.trainer.modes.roles import RayRole, Role, Roles, needs_workers
+from relax_gym.trainer.modes.async_config import RoleResources
 
 log = logging.getLogger("relax_gym.trainer.modes")
 
@@ -151,7 +151,7 @@ class RayRuntime:
         await self._place(slots)
         learner = self._spawn("trainer", "learner", r.trainer, {"resume": resume})
         if resume:
-            from .learner import kill_orphan_engines
+            from relax_gym.trainer.modes.learner import kill_orphan_engines
 
             kill_orphan_engines(c.out_dir)  # engines of a crashed driver (single node)
         self.model_path = await learner.call.remote("prepare_model_folder")

@@ -11,13 +11,13 @@
 See ``docs/rollout.md``.
 """
 
-from .chat import ChatCodec, Rendered, TemplateError, ThinkPolicy, VisionSupport
-from .config import RolloutConfig
-from .episode import EpisodeRunner, EpisodeSpec
-from .manager import RolloutManager
-from .metrics import RolloutMetrics
-from .router import EngineHandle, EngineRouter, NoEngineAvailable, WeightSyncError, parse_weight_version
-from .trajectory import (
+from relax_gym.trainer.rollout.chat import ChatCodec, Rendered, TemplateError, ThinkPolicy, VisionSupport
+from relax_gym.trainer.rollout.config import RolloutConfig
+from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
+from relax_gym.trainer.rollout.manager import RolloutManager
+from relax_gym.trainer.rollout.metrics import RolloutMetrics
+from relax_gym.trainer.rollout.router import EngineHandle, EngineRouter, NoEngineAvailable, WeightSyncError, parse_weight_version
+from relax_gym.trainer.rollout.trajectory import (
     FAILED_STOP_REASONS,
     STOP_REASONS,
     DriftReport,
@@ -34,7 +34,7 @@ from .trajectory import (
 def __getattr__(name: str) -> object:
     # The control server pulls in FastAPI/uvicorn; load it only when asked for.
     if name == "ControlServer":
-        from .control import ControlServer
+        from relax_gym.trainer.rollout.control import ControlServer
 
         return ControlServer
     raise AttributeError(name)

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from relax_gym.errors import RelaxGymError
 
-from .trajectory import DriftReport
+from relax_gym.trainer.rollout.trajectory import DriftReport
 
 ThinkPolicy = Literal["keep", "split"]
 _SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"

@@ -32,8 +32,8 @@ from starlette.routing import Route
 
 from relax_gym.protocol import EngineError
 
-from .manager import RolloutManager
-from .router import EngineRouter, WeightSyncError
+from relax_gym.trainer.rollout.manager import RolloutManager
+from relax_gym.trainer.rollout.router import EngineRouter, WeightSyncError
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,11 @@ from relax_gym.protocol import (
 )
 from relax_gym.types import Action, ImagePart, Message, Observation, ToolCall
 
-from .chat import ChatCodec, Rendered, TemplateError
-from .config import RolloutConfig
-from .metrics import RolloutMetrics
-from .router import EngineRouter, NoEngineAvailable, parse_weight_version
-from .trajectory import DriftReport, StopReason, Trajectory, TurnRecord, json_safe
+from relax_gym.trainer.rollout.chat import ChatCodec, Rendered, TemplateError
+from relax_gym.trainer.rollout.config import RolloutConfig
+from relax_gym.trainer.rollout.metrics import RolloutMetrics
+from relax_gym.trainer.rollout.router import EngineRouter, NoEngineAvailable, parse_weight_version
+from relax_gym.trainer.rollout.trajectory import DriftReport, StopReason, Trajectory, TurnRecord, json_safe
 
 TurnGate = Callable[[], Awaitable[None]]
 log = logging.getLogger(__name__)

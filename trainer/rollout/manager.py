@@ -23,12 +23,12 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from .chat import ChatCodec
-from .config import RolloutConfig
-from .episode import EpisodeRunner, EpisodeSpec
-from .metrics import RolloutMetrics
-from .router import EngineRouter
-from .trajectory import Trajectory
+from relax_gym.trainer.rollout.chat import ChatCodec
+from relax_gym.trainer.rollout.config import RolloutConfig
+from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
+from relax_gym.trainer.rollout.metrics import RolloutMetrics
+from relax_gym.trainer.rollout.router import EngineRouter
+from relax_gym.trainer.rollout.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

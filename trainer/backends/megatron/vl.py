@@ -22,15 +22,15 @@ from typing import Any
 
 import torch
 from megatron.core.transformer.module import MegatronModule
-from relax_gym.trainer.megatron.bridge import Bucket
-from relax_gym.trainer.megatron.config import (
+from relax_gym.trainer.backends.megatron.bridge import Bucket
+from relax_gym.trainer.backends.megatron.config import (
     MegatronBridgeError,
     MegatronConfig,
     dims_from_hf_config,
     transformer_config,
 )
-from relax_gym.trainer.megatron.model import build_gpt_model
-from relax_gym.trainer.megatron.sources import TensorSource
+from relax_gym.trainer.backends.megatron.model import build_gpt_model
+from relax_gym.trainer.backends.megatron.sources import TensorSource
 
 VISION_PREFIX = "model.visual."
 
@@ -217,7 +217,7 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
 
     def load_hf(self, source: TensorSource) -> int:
         """Load this rank's language-model shards and the vision tower from one HF source."""
-        from relax_gym.trainer.megatron.bridge import load_hf_weights
+        from relax_gym.trainer.backends.megatron.bridge import load_hf_weights
 
         return load_hf_weights(self.language_model, self.dims, source) + self.load_vision_weights(
             source

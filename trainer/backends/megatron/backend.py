@@ -1,6 +1,6 @@
 """The megatron-core training backend (``backend: megatron``).
 
-It implements :class:`~relax_gym.trainer.backend.TrainerBackend` on megatron-core's own
+It implements :class:`~relax_gym.trainer.backends.base.TrainerBackend` on megatron-core's own
 machinery:
 
 - the model is a ``GPTModel`` (Qwen3) or ``Qwen3VLMegatron`` built by :mod:`.model` / :mod:`.vl`,
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, Field
 from relax_gym.trainer.algorithms import merge_metrics
-from relax_gym.trainer.backend import (
+from relax_gym.trainer.backends.base import (
     LogprobResult,
     MicroBatch,
     NamedTensors,
@@ -48,16 +48,16 @@ from relax_gym.trainer.backend import (
     TrainerBackend,
     micro_batches,
 )
-from relax_gym.trainer.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
-from relax_gym.trainer.megatron.config import (
+from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
+from relax_gym.trainer.backends.megatron.config import (
     MegatronConfig,
     bucket_bytes,
     dims_from_hf_config,
     transformer_config,
 )
-from relax_gym.trainer.megatron.model import build_gpt_model, init_model_parallel
-from relax_gym.trainer.megatron.packing import PackedRow, pack_rows, pad_rows, token_logprobs
-from relax_gym.trainer.megatron.sources import SafetensorsSource
+from relax_gym.trainer.backends.megatron.model import build_gpt_model, init_model_parallel
+from relax_gym.trainer.backends.megatron.packing import PackedRow, pack_rows, pad_rows, token_logprobs
+from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
 from relax_gym.trainer.safe_state import one_line, read_json_model
 from torch import Tensor
 
@@ -138,7 +138,7 @@ class MegatronBackend(TrainerBackend):
         self.micro_batch_size = micro_batch_size
         self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
         if not torch.cuda.is_available():
-            from relax_gym.trainer.megatron import cpu_debug
+            from relax_gym.trainer.backends.megatron import cpu_debug
 
             if not cpu_debug.enable_from_env():
                 raise MegatronBackendError(
@@ -159,7 +159,7 @@ class MegatronBackend(TrainerBackend):
         source = SafetensorsSource(self.model_path)
         self._vision: dict[str, int] | None = None
         if self.is_vision:
-            from relax_gym.trainer.megatron.vl import Qwen3VLMegatron
+            from relax_gym.trainer.backends.megatron.vl import Qwen3VLMegatron
 
             if self.cfg.pipeline_parallel_size > 1:
                 raise MegatronBackendError(
@@ -478,7 +478,7 @@ class MegatronBackend(TrainerBackend):
         """Inverse of :meth:`save_state`, reading nothing as a pickle (``backend.json`` by
         pydantic, the distributed checkpoint by :func:`.safe_checkpoint.safe_load`). Every failure
         is a one-line :class:`MegatronBackendError` naming the file."""
-        from relax_gym.trainer.megatron.safe_checkpoint import UnsafeCheckpointError, safe_load
+        from relax_gym.trainer.backends.megatron.safe_checkpoint import UnsafeCheckpointError, safe_load
 
         src = Path(path)
         ckpt = src / "megatron"

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from relax_gym.trainer.megatron.config import MegatronBridgeError, ModelDims
-from relax_gym.trainer.megatron.layout import (
+from relax_gym.trainer.backends.megatron.config import MegatronBridgeError, ModelDims
+from relax_gym.trainer.backends.megatron.layout import (
     ParamMap,
     embedding_map,
     final_norm_map,
@@ -32,8 +32,8 @@ from relax_gym.trainer.megatron.layout import (
     output_map,
     shard_from_hf,
 )
-from relax_gym.trainer.megatron.model import unwrap_model
-from relax_gym.trainer.megatron.sources import TensorSource
+from relax_gym.trainer.backends.megatron.model import unwrap_model
+from relax_gym.trainer.backends.megatron.sources import TensorSource
 
 Bucket = list[tuple[str, torch.Tensor]]
 

@@ -3,7 +3,7 @@
 Design choices (see ``docs/training.md``):
 
 * **Padding, not packing.** Each micro-batch is right-padded to its own longest sequence, and
-  rows are grouped by length before cutting (:func:`~relax_gym.trainer.backend.micro_batches`),
+  rows are grouped by length before cutting (:func:`~relax_gym.trainer.backends.base.micro_batches`),
   so padding stays small. Packing several sequences into one row needs a block-diagonal
   attention mask (flash-attention's varlen kernels, absent on CPU) and per-sequence M-RoPE
   positions for Qwen-VL; the megatron backend packs, this one keeps the HF forward untouched.
@@ -33,7 +33,7 @@ from torch import Tensor
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.trainer.algorithms import merge_metrics
-from relax_gym.trainer.backend import (
+from relax_gym.trainer.backends.base import (
     LogprobResult,
     MicroBatch,
     Objective,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from relax_gym.trainer.megatron.config import MegatronBridgeError, ModelDims
-from relax_gym.trainer.megatron.sources import TensorSource
+from relax_gym.trainer.backends.megatron.config import MegatronBridgeError, ModelDims
+from relax_gym.trainer.backends.megatron.sources import TensorSource
 
 Layout = Literal["replicated", "vocab", "row", "qkv", "gate_up"]
 

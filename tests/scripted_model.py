@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from relax_gym.errors import RelaxGymError
 
-from ._threads import torch_threads
+from relax_gym.trainer.models._threads import torch_threads
 
 if TYPE_CHECKING:
     import torch

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from relax_gym.trainer.megatron.config import MegatronBridgeError
+from relax_gym.trainer.backends.megatron.config import MegatronBridgeError
 
 
 class TensorSource(Protocol):

@@ -27,7 +27,7 @@ from typing import Literal
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.protocol import EngineError
-from relax_gym.trainer.backend import TrainerBackend
+from relax_gym.trainer.backends.base import TrainerBackend
 
 
 class WeightSyncFailed(RelaxGymError, RuntimeError):

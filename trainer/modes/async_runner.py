@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.loop import RunSummary
+from relax_gym.trainer.modes.colocate import RunSummary
 
-from .roles import LocalRole, Role, Roles, Runtime, needs_workers
+from relax_gym.trainer.modes.roles import LocalRole, Role, Roles, Runtime, needs_workers
 
 log = logging.getLogger("relax_gym.trainer.modes")
 
@@ -56,16 +56,16 @@ class EmbeddedRuntime:
         self._producer: Any = None
 
     async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role:
-        from .learner import Learner
+        from relax_gym.trainer.modes.learner import Learner
 
         import_modules(config.async_rl.imports)
         self._learner = Learner(config, resume=resume)
         return LocalRole(self._learner)
 
     async def make_data_plane(self, config: TrainConfig, learner: Role, info: dict[str, Any]) -> Roles:
-        from .producer import RolloutProducer
-        from .queue import TrajectoryQueue
-        from .rewards import RewardWorker
+        from relax_gym.trainer.modes.producer import RolloutProducer
+        from relax_gym.trainer.modes.trajectory_queue import TrajectoryQueue
+        from relax_gym.trainer.modes.reward_workers import RewardWorker
 
         c = config
         a = c.async_rl
@@ -78,7 +78,7 @@ class EmbeddedRuntime:
         roles = Roles(learner=learner, queue=queue_role, rollout=LocalRole(producer), rewards=rewards)
         want_ref, want_prox = needs_workers(c)
         if want_ref or want_prox:
-            from .logprobs import LogprobWorker, current_weights
+            from relax_gym.trainer.modes.logprob_workers import LogprobWorker, current_weights
 
             mb = c.train.micro_batch_size
             if want_ref:
@@ -281,7 +281,7 @@ async def run_async(config: TrainConfig, *, resume: bool | str = False, runtime:
     """Run a fully_async / hybrid config on its configured runtime (or the one given)."""
     if runtime is None:
         if config.async_rl.runtime == "ray":
-            from .ray_runtime import RayRuntime
+            from relax_gym.trainer.modes.ray_runtime import RayRuntime
 
             runtime = RayRuntime(config)
         else:
@@ -298,7 +298,7 @@ def train(config: TrainConfig, *, resume: bool | str = False) -> RunSummary:
     from the last checkpoint.
     """
     if not config.is_async:
-        from relax_gym.trainer.loop import train as colocate_train
+        from relax_gym.trainer.modes.colocate import train as colocate_train
 
         return colocate_train(config, resume=resume)
     from relax_gym.trainer.interrupts import run_stoppable

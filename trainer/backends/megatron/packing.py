@@ -6,7 +6,7 @@ a block-diagonal causal mask stops attention across sequence boundaries, so ever
 exactly the context it would see alone. megatron-core's THD packing needs Transformer Engine
 attention; this block mask works with the local ``DotProductAttention`` on any device.
 
-Alignment follows ``relax_gym.trainer.backend``: the value at position ``t`` of a sequence is
+Alignment follows ``relax_gym.trainer.backends.base``: the value at position ``t`` of a sequence is
 about token ``t`` (its logprob is ``log p(ids[t] | ids[:t])``), and position 0 gets 0.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from relax_gym.trainer.megatron.logprobs import vocab_parallel_logprobs
-from relax_gym.trainer.megatron.vl import mrope_position_ids
+from relax_gym.trainer.backends.megatron.logprobs import vocab_parallel_logprobs
+from relax_gym.trainer.backends.megatron.vl import mrope_position_ids
 from torch import Tensor
 
 

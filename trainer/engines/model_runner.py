@@ -21,7 +21,7 @@ from transformers import DynamicCache
 
 from relax_gym.errors import RelaxGymError
 
-from .kv import BatchKV
+from relax_gym.trainer.engines.kv import BatchKV
 
 
 class WeightUpdateError(RelaxGymError, ValueError):

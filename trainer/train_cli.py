@@ -3,8 +3,8 @@
 The config (YAML) and the overrides are validated before anything starts; a bad field exits
 with status 2 and one line per problem (the dotted field, what is wrong, the allowed values).
 The config's ``mode`` picks the runner: ``colocate`` runs the training core's loop
-(:mod:`relax_gym.trainer.loop`), ``fully_async`` and ``hybrid`` run the asynchronous runner
-(:mod:`relax_gym.trainer.modes.runner`, on the embedded or the Ray runtime per ``async_rl.runtime``).
+(:mod:`relax_gym.trainer.modes.colocate`), ``fully_async`` and ``hybrid`` run the asynchronous runner
+(:mod:`relax_gym.trainer.modes.async_runner`, on the embedded or the Ray runtime per ``async_rl.runtime``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_gym.trainer.config import TrainConfig
-    from relax_gym.trainer.loop import RunSummary
+    from relax_gym.trainer.modes.colocate import RunSummary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,10 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def train(config: TrainConfig, *, resume: bool | str = False) -> RunSummary:
     """Run ``config`` to the end with the runner of its ``mode`` (blocking)."""
     if config.is_async:
-        from relax_gym.trainer.modes.runner import train as async_train
+        from relax_gym.trainer.modes.async_runner import train as async_train
 
         return async_train(config, resume=resume)
-    from relax_gym.trainer.loop import train as colocate_train
+    from relax_gym.trainer.modes.colocate import train as colocate_train
 
     return colocate_train(config, resume=resume)
 

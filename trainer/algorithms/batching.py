@@ -9,7 +9,7 @@ The steps, in the order the loop runs them:
    reward failed (their whole group, or scored 0, as configured) and, with dynamic sampling,
    groups whose rewards are all equal (no GRPO signal). Every drop is counted;
 4. :func:`to_sequence_batch` -- token ids, loss masks, rollout logprobs and the images' pixel
-   values as a :class:`~relax_gym.trainer.backend.SequenceBatch`;
+   values as a :class:`~relax_gym.trainer.backends.base.SequenceBatch`;
 5. :func:`attach_advantages` -- advantages over the *whole* step batch (groups by id).
 """
 
@@ -24,7 +24,7 @@ import torch
 
 from relax_gym.rewards import RewardInput, RewardResult
 from relax_gym.trainer.algorithms import AlgorithmConfig, compute_advantages
-from relax_gym.trainer.backend import SequenceBatch
+from relax_gym.trainer.backends.base import SequenceBatch
 from relax_gym.trainer.rollout import Trajectory
 
 

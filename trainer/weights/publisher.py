@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 import httpx
 import torch
-from relax_gym.trainer.backend import TrainerBackend
+from relax_gym.trainer.backends.base import TrainerBackend
 from relax_gym.trainer.rollout import EngineHandle, EngineRouter, WeightSyncError
-from relax_gym.trainer.weight_sync import SyncResult, WeightSyncFailed
+from relax_gym.trainer.weights.engine_sync import SyncResult, WeightSyncFailed
 
 from relax_gym.protocol import EngineClient, EngineError
 

@@ -1,398 +1,16 @@
-"""RL algorithms for language models: advantages, policy losses, KL terms, off-policy correction.
-
-Everything here is a pure function over torch tensors: no model, no optimizer, no device or
-backend assumptions, so the plain-torch and megatron-core backends compute bit-identical losses.
-The module reads top to bottom, CleanRL style:
-
-1. :class:`AlgorithmConfig` -- every hyperparameter, its paper default and its meaning (in
-   :mod:`.algorithm_config`, which imports no torch, so validating a training config stays light).
-2. Advantages -- GRPO (with or without the std, i.e. Dr.GRPO), RLOO, REINFORCE++-baseline,
-   KL folded into the reward, on-policy distillation; :func:`compute_advantages` picks one.
-3. KL estimators k1 / k2 / k3 (:func:`kl_estimate`).
-4. Train/rollout mismatch correction: TIS, MIS and the decoupled (AReaL) objective.
-5. Loss aggregation and the global-batch :class:`LossNormalizer`.
-6. Policy losses -- PPO-clip (clip-higher, dual-clip), GSPO, GSPO-token, SAPO, CISPO;
-   :func:`compute_policy_loss` assembles loss + KL + entropy + metrics for one micro-batch.
-7. Metric merging across micro-batches (:func:`merge_metrics`).
-
-Tensor conventions (B sequences, T response positions, right or left padded):
-
-- ``logprobs`` / ``old_logprobs`` / ``rollout_logprobs`` / ``ref_logprobs``: ``[B, T]`` float,
-  log-probability of the *sampled* token at each position.
-- ``mask``: ``[B, T]`` bool or 0/1, 1 on tokens the model generated and is trained on (env and
-  tool tokens of a multi-turn episode are 0). Padded positions may hold any value, even NaN or
-  inf: inputs are zeroed there before use, so garbage never reaches the loss or the gradient.
-- ``rewards``: ``[B]`` one scalar per sequence; ``group_ids``: ``[B]`` the prompt / env-seed
-  each sample belongs to. Groups are found by id, never by position, so a batch may interleave
-  or shuffle groups freely.
-- ``advantages``: ``[B, T]`` (sequence advantages broadcast to tokens by the mask).
-
-Typical use in a training step::
-
-    cfg = AlgorithmConfig(policy_loss="gspo", loss_agg_mode="seq-mean-token-mean")
-    adv = compute_advantages(cfg, rewards, group_ids, mask).advantages
-    norm = LossNormalizer.from_mask(mask, cfg)          # once, over the WHOLE step's batch
-    metrics = {}
-    for mb in micro_batches:                             # any split, even uneven
-        out = compute_policy_loss(cfg, logprobs=model(mb), old_logprobs=mb.old,
-                                  advantages=adv[mb.rows], mask=mask[mb.rows],
-                                  normalizer=norm, rollout_logprobs=mb.rollout)
-        out.loss.backward()                              # no division by the micro-batch count
-        metrics = merge_metrics(metrics, out.metrics)
-    optimizer.step()
-
-The sum of the micro-batch losses equals the full-batch loss exactly (see
-:class:`LossNormalizer`), and merged metrics equal the full-batch metrics.
-"""
+"""Policy losses, KL estimators, train/rollout mismatch correction and the global-batch
+loss normaliser: :func:`compute_policy_loss` assembles one micro-batch's loss and metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from relax_gym.trainer.algorithm_config import (
-    AdvantageEstimator,
-    AlgorithmConfig,
-    ISLevel,
-    KLEstimator,
-    LossAggMode,
-    PolicyLoss,
-    RolloutCorrection,
-)
-
-#: Log-ratios are clamped to +-LOG_RATIO_CLAMP before ``exp`` so that a wildly off-policy token
-#: gives a huge-but-finite ratio (and zero gradient past the clamp) instead of inf / NaN.
-LOG_RATIO_CLAMP = 20.0
-
-
-# =============================================================================================
-# Small helpers
-# =============================================================================================
-
-
-def _as_mask(mask: Tensor) -> Tensor:
-    """A bool ``[B, T]`` mask from a bool or 0/1 tensor."""
-    if mask.dim() != 2:
-        raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
-    return mask if mask.dtype == torch.bool else mask != 0
-
-
-def _float(x: Tensor) -> Tensor:
-    """Compute in at least float32 (bf16/fp16 logprobs lose the ratio's precision)."""
-    return x if x.dtype == torch.float64 else x.float()
-
-
-def _masked(x: Tensor, mask: Tensor, name: str) -> Tensor:
-    """Check the shape, upcast, and zero padded positions (which may hold NaN/inf)."""
-    if x.shape != mask.shape:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}, mask has {tuple(mask.shape)}")
-    x = _float(x)
-    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
-def _seq_mean(x: Tensor, mask: Tensor) -> Tensor:
-    """Per-sequence mean over masked tokens, ``[B]``; 0 for a sequence with no tokens."""
-    return (x * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-
-def _group_index(group_ids: Tensor | Sequence[Hashable], n: int) -> tuple[Tensor, int]:
-    """Map arbitrary group ids to ``0..G-1``; returns (index ``[B]``, G)."""
-    if isinstance(group_ids, Tensor):
-        if group_ids.dim() != 1 or group_ids.numel() != n:
-            raise ValueError(f"group_ids must be [B] with B={n}, got {tuple(group_ids.shape)}")
-        uniq, index = torch.unique(group_ids, return_inverse=True)
-        return index, int(uniq.numel())
-    ids = list(group_ids)
-    if len(ids) != n:
-        raise ValueError(f"group_ids has {len(ids)} entries, rewards has {n}")
-    lookup: dict[Hashable, int] = {}
-    index_list = [lookup.setdefault(g, len(lookup)) for g in ids]
-    return torch.tensor(index_list, dtype=torch.long), len(lookup)
-
-
-@dataclass(frozen=True)
-class GroupStats:
-    """Per-sample view of its group: size, mean, std and whether all rewards are equal."""
-
-    size: Tensor  # [B] number of samples in the sample's group
-    mean: Tensor  # [B] group mean reward
-    std: Tensor  # [B] group std (0 for singletons)
-    constant: Tensor  # [B] bool: every reward in the group is identical (incl. singletons)
-
-
-def group_stats(
-    rewards: Tensor, group_ids: Tensor | Sequence[Hashable], *, unbiased: bool = True
-) -> GroupStats:
-    """Group statistics broadcast back to samples, computed in float64.
-
-    Zero variance is detected exactly (group max == group min), not by comparing the std with
-    an epsilon, so a group of identical rewards never yields rounding noise divided by eps.
-    """
-    if rewards.dim() != 1:
-        raise ValueError(f"rewards must be [B], got shape {tuple(rewards.shape)}")
-    if not torch.isfinite(rewards).all():
-        bad = torch.nonzero(~torch.isfinite(rewards)).flatten().tolist()
-        raise ValueError(f"rewards must be finite; NaN/inf at indices {bad}")
-    r = rewards.detach().to(torch.float64)
-    index, n_groups = _group_index(group_ids, r.numel())
-    index = index.to(r.device)
-    zeros = torch.zeros(n_groups, dtype=torch.float64, device=r.device)
-    count = zeros.index_add(0, index, torch.ones_like(r))
-    mean = zeros.index_add(0, index, r) / count
-    sq_dev = zeros.index_add(0, index, (r - mean[index]) ** 2)
-    denom = (count - 1.0) if unbiased else count
-    std = torch.where(count > 1, sq_dev / denom.clamp(min=1.0), zeros).sqrt()
-    gmax = zeros.scatter_reduce(0, index, r, reduce="amax", include_self=False)
-    gmin = zeros.scatter_reduce(0, index, r, reduce="amin", include_self=False)
-    return GroupStats(
-        size=count[index], mean=mean[index], std=std[index], constant=(gmax == gmin)[index]
-    )
-
-
-def zero_variance_groups(rewards: Tensor, group_ids: Tensor | Sequence[Hashable]) -> Tensor:
-    """``[B]`` bool, True where the sample's group has identical rewards (no learning signal).
-
-    Dynamic sampling (DAPO) drops these groups and samples more prompts until the batch is full.
-    """
-    return group_stats(rewards, group_ids).constant
-
-
-# =============================================================================================
-# 2. Advantages
-# =============================================================================================
-
-
-def _to_tokens(seq_adv: Tensor, mask: Tensor, like: Tensor) -> Tensor:
-    """Broadcast ``[B]`` sequence advantages to ``[B, T]`` tokens (0 off the mask)."""
-    mask = _as_mask(mask)
-    if mask.shape[0] != seq_adv.shape[0]:
-        raise ValueError(f"mask has {mask.shape[0]} rows, rewards has {seq_adv.shape[0]}")
-    dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-    return seq_adv.to(device=mask.device, dtype=dtype)[:, None] * mask.to(dtype)
-
-
-def grpo_advantages(
-    rewards: Tensor,
-    group_ids: Tensor | Sequence[Hashable],
-    mask: Tensor,
-    *,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-    unbiased: bool = True,
-) -> Tensor:
-    """Group-relative advantages (GRPO, "DeepSeekMath", Shao et al. 2024).
-
-    ``A_i = (r_i - mean_g(r)) / (std_g(r) + eps)`` with g the group of sample i.
-    ``normalize_std=False`` gives Dr.GRPO ("Understanding R1-Zero-Like Training: A Critical
-    Perspective", Liu et al. 2025): ``A_i = r_i - mean_g(r)``, which removes the bias towards
-    groups of low reward variance (too easy or too hard prompts).
-
-    Explicit edge cases: a group of size 1 has no baseline and gets A = 0; a group whose rewards
-    are all equal gets exactly A = 0 (no eps-scaled rounding noise). Returns ``[B, T]``.
-    """
-    stats = group_stats(rewards, group_ids, unbiased=unbiased)
-    adv = rewards.detach().to(torch.float64) - stats.mean
-    if normalize_std:
-        adv = adv / (stats.std + eps)
-    adv = torch.where(stats.constant, torch.zeros_like(adv), adv)
-    return _to_tokens(adv, mask, rewards)
-
-
-def rloo_advantages(
-    rewards: Tensor, group_ids: Tensor | Sequence[Hashable], mask: Tensor
-) -> Tensor:
-    """REINFORCE Leave-One-Out ("Back to Basics: Revisiting REINFORCE Style Optimization for
-    Learning from Human Feedback in LLMs", Ahmadian et al. 2024; Kool et al. 2019).
-
-    ``A_i = r_i - 1/(G-1) * sum_{j != i} r_j = G/(G-1) * (r_i - mean_g(r))``: an unbiased
-    baseline that excludes the sample itself. A group of size 1 gets A = 0. Returns ``[B, T]``.
-    """
-    stats = group_stats(rewards, group_ids)
-    r = rewards.detach().to(torch.float64)
-    g = stats.size
-    adv = torch.where(g > 1, g / (g - 1).clamp(min=1) * (r - stats.mean), torch.zeros_like(r))
-    adv = torch.where(stats.constant, torch.zeros_like(adv), adv)
-    return _to_tokens(adv, mask, rewards)
-
-
-def reinforce_pp_baseline_advantages(
-    rewards: Tensor,
-    group_ids: Tensor | Sequence[Hashable],
-    mask: Tensor,
-    *,
-    eps: float = 1e-6,
-    unbiased: bool = True,
-) -> Tensor:
-    """REINFORCE++-baseline ("REINFORCE++: An Efficient RLHF Algorithm with Robustness to Both
-    Prompt and Reward Models", Hu et al. 2025).
-
-    ``A~_i = r_i - mean_g(r)`` then global normalisation over the whole batch:
-    ``A_i = (A~_i - mean_batch(A~)) / (std_batch(A~) + eps)``. Over samples
-    ``mean_batch(A~) = 0`` exactly (each group's deviations sum to zero), so this is a pure
-    rescale and zero-variance and singleton groups keep A = 0. If every group has zero variance
-    the whole batch gets A = 0. Call it on the full batch, never per micro-batch.
-    """
-    stats = group_stats(rewards, group_ids, unbiased=unbiased)
-    centred = torch.where(
-        stats.constant,
-        torch.zeros_like(stats.mean),
-        rewards.detach().to(torch.float64) - stats.mean,
-    )
-    if centred.numel() < 2 or bool((centred == 0).all()):
-        return _to_tokens(torch.zeros_like(centred), mask, rewards)
-    adv = centred / (centred.std(unbiased=unbiased) + eps)
-    return _to_tokens(adv, mask, rewards)
-
-
-def kl_penalized_rewards(
-    rewards: Tensor,
-    logprobs: Tensor,
-    ref_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    coef: float,
-    estimator: KLEstimator = "k1",
-) -> Tensor:
-    """KL folded into the reward (InstructGPT-style): ``r'_i = r_i - coef * sum_t kl_{i,t}``.
-
-    ``logprobs`` are the sampling policy's (rollout/old) logprobs, ``ref_logprobs`` the frozen
-    reference's, both without gradient. Returns ``[B]`` rewards for any advantage estimator.
-    """
-    mask = _as_mask(mask)
-    kl = kl_estimate(logprobs.detach(), ref_logprobs.detach(), mask, estimator)
-    return rewards - coef * kl.sum(-1).to(rewards.dtype)
-
-
-def distillation_advantages(
-    advantages: Tensor,
-    student_logprobs: Tensor,
-    teacher_logprobs: Tensor,
-    mask: Tensor,
-    *,
-    coef: float = 1.0,
-) -> Tensor:
-    """On-policy distillation ("On-Policy Distillation", Thinking Machines 2025; GKD, Agarwal
-    et al. 2024): the per-token reverse KL to a teacher becomes a dense negative reward.
-
-    ``A'_{i,t} = A_{i,t} - coef * (log pi_student(y_t) - log pi_teacher(y_t))`` on the student's
-    own samples; the single-sample estimate of ``KL(pi_student || pi_teacher)``. With zero RL
-    advantage this is pure distillation. Student logprobs are the rollout ones (no gradient).
-    """
-    mask = _as_mask(mask)
-    reverse_kl = _masked(student_logprobs.detach(), mask, "student_logprobs") - _masked(
-        teacher_logprobs.detach(), mask, "teacher_logprobs"
-    )
-    return advantages - coef * reverse_kl.to(advantages.dtype)
-
-
-@dataclass(frozen=True)
-class AdvantageOutput:
-    """Token advantages ``[B, T]`` plus batch metrics (floats, for logging)."""
-
-    advantages: Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def compute_advantages(
-    config: AlgorithmConfig,
-    rewards: Tensor,
-    group_ids: Tensor | Sequence[Hashable],
-    mask: Tensor,
-    *,
-    logprobs: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
-    teacher_logprobs: Tensor | None = None,
-) -> AdvantageOutput:
-    """Advantages for a whole batch as the config says, in this order:
-
-    1. fold the reference KL into the reward (``kl_reward_coef > 0``; needs ``logprobs``, the
-       rollout policy's, and ``ref_logprobs``);
-    2. the configured group estimator;
-    3. subtract the teacher's reverse KL (``distill_coef > 0``; needs ``logprobs`` and
-       ``teacher_logprobs``).
-    """
-    mask = _as_mask(mask)
-    metrics: dict[str, float] = {
-        "reward_mean": float(rewards.double().mean()),
-        # on the raw rewards: the KL penalty would make almost every group non-constant
-        "zero_variance_group_frac": float(zero_variance_groups(rewards, group_ids).double().mean()),
-    }
-    if config.kl_reward_coef > 0:
-        if logprobs is None or ref_logprobs is None:
-            raise ValueError("kl_reward_coef > 0 needs logprobs and ref_logprobs")
-        penalized = kl_penalized_rewards(
-            rewards.double(),
-            logprobs,
-            ref_logprobs,
-            mask,
-            coef=config.kl_reward_coef,
-            estimator=config.kl_reward_estimator,
-        )
-        metrics["kl_reward_penalty_mean"] = float((rewards.double() - penalized).mean())
-        rewards = penalized
-    est = config.advantage_estimator
-    if est in ("grpo", "dr_grpo"):
-        adv = grpo_advantages(
-            rewards,
-            group_ids,
-            mask,
-            normalize_std=est == "grpo",
-            eps=config.adv_eps,
-            unbiased=config.std_unbiased,
-        )
-    elif est == "rloo":
-        adv = rloo_advantages(rewards, group_ids, mask)
-    else:
-        adv = reinforce_pp_baseline_advantages(
-            rewards, group_ids, mask, eps=config.adv_eps, unbiased=config.std_unbiased
-        )
-    if config.distill_coef > 0:
-        if logprobs is None or teacher_logprobs is None:
-            raise ValueError("distill_coef > 0 needs logprobs and teacher_logprobs")
-        adv = distillation_advantages(
-            adv, logprobs, teacher_logprobs, mask, coef=config.distill_coef
-        )
-        reverse_kl = _masked(logprobs.detach(), mask, "logprobs") - _masked(
-            teacher_logprobs.detach(), mask, "teacher_logprobs"
-        )
-        metrics["distill_reverse_kl"] = float(reverse_kl.sum() / mask.sum().clamp(min=1))
-    return AdvantageOutput(advantages=adv, metrics=metrics)
-
-
-# =============================================================================================
-# 3. KL estimators
-# =============================================================================================
-
-
-def kl_estimate(
-    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: KLEstimator = "k3"
-) -> Tensor:
-    """Per-token estimate of ``KL(pi || pi_ref)`` from tokens sampled from ``pi`` ("Approximating
-    KL Divergence", Schulman 2020). With ``log r = log pi_ref - log pi``:
-
-    - ``k1 = -log r``: unbiased, high variance, can be negative (the classic in-reward penalty);
-    - ``k2 = (log r)^2 / 2``: biased but low variance; its gradient is the KL's gradient;
-    - ``k3 = (r - 1) - log r``: unbiased, always >= 0, low variance (GRPO's KL loss).
-
-    Gradients flow through ``logprobs``. ``log r`` is clamped to +-LOG_RATIO_CLAMP for k3's exp.
-    Returns ``[B, T]`` with zeros off the mask.
-    """
-    mask = _as_mask(mask)
-    log_r = _masked(ref_logprobs, mask, "ref_logprobs") - _masked(logprobs, mask, "logprobs")
-    if estimator == "k1":
-        kl = -log_r
-    elif estimator == "k2":
-        kl = 0.5 * log_r**2
-    elif estimator == "k3":
-        log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        kl = torch.expm1(log_r) - log_r
-    else:
-        raise ValueError(f"unknown KL estimator {estimator!r}; allowed: 'k1', 'k2', 'k3'")
-    return torch.where(mask, kl, torch.zeros_like(kl))
-
+from relax_gym.trainer.algorithms.config import AlgorithmConfig, ISLevel, LossAggMode
+from relax_gym.trainer.algorithms.kl import kl_estimate
+from relax_gym.trainer.algorithms.tensor_ops import LOG_RATIO_CLAMP, as_mask, masked, seq_mean
 
 # =============================================================================================
 # 4. Train/rollout mismatch correction
@@ -409,14 +27,14 @@ def importance_log_weights(
     ``level="sequence"`` puts the sequence's summed log weight (the product of the token ratios)
     on every token; ``"geometric"`` puts its mean (the geometric mean of the token ratios).
     """
-    mask = _as_mask(mask)
-    log_w = _masked(old_logprobs.detach(), mask, "old_logprobs") - _masked(
+    mask = as_mask(mask)
+    log_w = masked(old_logprobs.detach(), mask, "old_logprobs") - masked(
         rollout_logprobs.detach(), mask, "rollout_logprobs"
     )
     if level == "sequence":
         log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
     elif level == "geometric":
-        log_w = _seq_mean(log_w, mask)[:, None].expand_as(log_w)
+        log_w = seq_mean(log_w, mask)[:, None].expand_as(log_w)
     elif level != "token":
         raise ValueError(f"unknown IS level {level!r}; allowed: 'token', 'sequence', 'geometric'")
     return torch.where(mask, log_w, torch.zeros_like(log_w))
@@ -439,7 +57,7 @@ def truncated_is_weights(log_w: Tensor, mask: Tensor, cap: float = 2.0) -> ISWei
     The loss of every token is multiplied by ``w``, correcting for the engine sampling from a
     slightly different distribution than the trainer computes, with variance bounded by C.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
     truncated = mask & (raw > cap)
     weights = torch.where(mask, raw.clamp(max=cap), torch.zeros_like(raw))
@@ -457,7 +75,7 @@ def masked_is_weights(
     Dropped tokens still count in the global normaliser, so the normaliser stays a property of
     the batch's masks and the micro-batch split cannot change the loss.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).detach()
     keep = mask.clone()
     if low is not None:
@@ -539,7 +157,7 @@ class LossNormalizer:
         ``mode`` / ``norm_length`` default to the config's ``loss_agg_mode`` /
         ``loss_norm_length``; the norm length falls back to the mask's width T.
         """
-        mask = _as_mask(mask)
+        mask = as_mask(mask)
         cfg = config or AlgorithmConfig()
         mode = mode or cfg.loss_agg_mode
         length = norm_length or cfg.loss_norm_length or mask.shape[-1]
@@ -553,8 +171,8 @@ class LossNormalizer:
 
     def aggregate(self, values: Tensor, mask: Tensor) -> Tensor:
         """One scalar from ``[B, T]`` token values of (part of) the batch, per :attr:`mode`."""
-        mask = _as_mask(mask)
-        v = _masked(values, mask, "values")
+        mask = as_mask(mask)
+        v = masked(values, mask, "values")
         if self.mode == "token-mean":
             return v.sum() / max(self.num_tokens, 1.0)
         seq_sum = v.sum(-1)
@@ -573,8 +191,8 @@ class LossNormalizer:
 
         Used for metrics, so summing micro-batch metrics gives the full-batch mean.
         """
-        mask = _as_mask(mask)
-        return _masked(values, mask, "values").sum() / max(self.num_tokens, 1.0)
+        mask = as_mask(mask)
+        return masked(values, mask, "values").sum() / max(self.num_tokens, 1.0)
 
 
 # =============================================================================================
@@ -595,7 +213,7 @@ class PolicyLossTerms:
 
 def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     return (
-        _masked(logprobs, mask, "logprobs") - _masked(old_logprobs.detach(), mask, "old_logprobs")
+        masked(logprobs, mask, "logprobs") - masked(old_logprobs.detach(), mask, "old_logprobs")
     ).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
@@ -630,9 +248,9 @@ def ppo_clip_loss(
     Regions (zero gradient): ``A>0, r>1+eps_high`` (high); ``A<0, r<1-eps_low`` (low);
     ``A<0, r>c`` (dual).
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = _masked(advantages.detach(), mask, "advantages")
+    adv = masked(advantages.detach(), mask, "advantages")
     loss, low, high = _clipped_surrogate(ratio, adv, clip_low, clip_high)
     dual = torch.zeros_like(mask)
     if dual_clip is not None:
@@ -664,18 +282,18 @@ def gspo_loss(
     may differ within a sequence. With equal token advantages it matches GSPO in value and
     gradient under ``seq-mean-token-mean``.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     log_ratio = _log_ratio(logprobs, old_logprobs, mask)
-    log_s = _seq_mean(log_ratio, mask)  # [B]
-    adv = _masked(advantages.detach(), mask, "advantages")
+    log_s = seq_mean(log_ratio, mask)  # [B]
+    adv = masked(advantages.detach(), mask, "advantages")
     if token_level:
-        lp = _masked(logprobs, mask, "logprobs")
+        lp = masked(logprobs, mask, "logprobs")
         log_s_tok = log_s.detach()[:, None] + lp - lp.detach()
         ratio = torch.exp(log_s_tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
         loss, low, high = _clipped_surrogate(ratio, adv, clip_low, clip_high)
     else:
         s = torch.exp(log_s.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        seq_adv = _seq_mean(adv, mask)
+        seq_adv = seq_mean(adv, mask)
         seq_loss, seq_low, seq_high = _clipped_surrogate(s, seq_adv, clip_low, clip_high)
         loss = seq_loss[:, None].expand_as(adv)
         low, high = seq_low[:, None].expand_as(mask), seq_high[:, None].expand_as(mask)
@@ -701,9 +319,9 @@ def sapo_loss(
     smoothly as the token drifts off-policy, faster for negative advantages (tau_neg > tau_pos).
     The per-token gate weight ``w`` is returned as the ``gate_weight`` diagnostic.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = _masked(advantages.detach(), mask, "advantages")
+    adv = masked(advantages.detach(), mask, "advantages")
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * adv
@@ -727,11 +345,11 @@ def cispo_loss(
     (``-w A grad log pi``), including the rare low-probability "fork" tokens that PPO's clip
     would silence. Regions where the weight was clipped are reported as low / high.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = _masked(advantages.detach(), mask, "advantages")
+    adv = masked(advantages.detach(), mask, "advantages")
     weight = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = -weight * adv * _masked(logprobs, mask, "logprobs")
+    loss = -weight * adv * masked(logprobs, mask, "logprobs")
     low = mask & (ratio < 1.0 - clip_low)
     high = mask & (ratio > 1.0 + clip_high)
     return PolicyLossTerms(loss, low, high, None, {"ratio": ratio})
@@ -840,7 +458,7 @@ def compute_policy_loss(
     ``is_truncated_frac``, ``is_dropped_frac``; ``kl_ref``, ``kl_loss``; ``entropy``; SAPO adds
     ``sapo_gate_weight_mean``.
     """
-    mask = _as_mask(mask)
+    mask = as_mask(mask)
     if normalizer.mode != config.loss_agg_mode:
         raise ValueError(
             f"normalizer mode {normalizer.mode!r} differs from loss_agg_mode "
@@ -856,8 +474,8 @@ def compute_policy_loss(
 
     if rollout_logprobs is not None:
         gap = (
-            _masked(old_logprobs.detach(), mask, "old_logprobs")
-            - _masked(rollout_logprobs.detach(), mask, "rollout_logprobs")
+            masked(old_logprobs.detach(), mask, "old_logprobs")
+            - masked(rollout_logprobs.detach(), mask, "rollout_logprobs")
         ).abs()
         metrics["rollout_gap_mean"] = share(gap)
         if n_tok:
@@ -938,41 +556,3 @@ def merge_metrics(acc: dict[str, Tensor], new: dict[str, Tensor]) -> dict[str, T
         else:
             out[name] = out[name] + value
     return out
-
-
-__all__ = [
-    "LOG_RATIO_CLAMP",
-    "AdvantageEstimator",
-    "AdvantageOutput",
-    "AlgorithmConfig",
-    "GroupStats",
-    "ISLevel",
-    "ISWeights",
-    "KLEstimator",
-    "LossAggMode",
-    "LossNormalizer",
-    "LossOutput",
-    "PolicyLoss",
-    "PolicyLossTerms",
-    "RolloutCorrection",
-    "cispo_loss",
-    "compute_advantages",
-    "compute_policy_loss",
-    "distillation_advantages",
-    "grpo_advantages",
-    "group_stats",
-    "gspo_loss",
-    "importance_log_weights",
-    "kl_estimate",
-    "kl_penalized_rewards",
-    "masked_is_weights",
-    "merge_metrics",
-    "policy_loss_terms",
-    "ppo_clip_loss",
-    "reinforce_pp_baseline_advantages",
-    "rloo_advantages",
-    "rollout_correction_weights",
-    "sapo_loss",
-    "truncated_is_weights",
-    "zero_variance_groups",
-]

@@ -63,7 +63,7 @@ class RoleActor:
         import_modules(imports)
         self.kind = kind
         if kind == "reward":  # no training config (and no torch) in a reward worker
-            from .rewards import RewardWorker
+            from relax_gym.trainer.modes.reward_workers import RewardWorker
 
             r = config_data.get("rewards", {})
             self.obj: Any = RewardWorker(r.get("entries", [{"name": "env"}]), r.get("per_env") or None,
@@ -90,13 +90,13 @@ class RoleActor:
 
 def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
     if kind == "learner":
-        from .learner import Learner
+        from relax_gym.trainer.modes.learner import Learner
 
         return Learner(config, resume=kw.get("resume", False))  # True or a step / checkpoint name
     if kind == "engine":
         return EngineHost(**kw)
     if kind == "queue":
-        from .queue import TrajectoryQueue
+        from relax_gym.trainer.modes.trajectory_queue import TrajectoryQueue
 
         a = config.async_rl
         return TrajectoryQueue(capacity=a.capacity(config.rollout.prompts_per_step), max_staleness=a.max_staleness,
@@ -104,8 +104,8 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
     if kind == "rollout":
         from relax_gym.trainer.rollout import ChatCodec
 
-        from .producer import RolloutProducer
-        from .weight_sync import ElasticRouter
+        from relax_gym.trainer.modes.producer import RolloutProducer
+        from relax_gym.trainer.weights.publisher import ElasticRouter
 
         learner = kw["learner"]
         router = ElasticRouter(kw["urls"], api_key=kw["api_key"], request_timeout_s=config.rollout.request_timeout_s,
@@ -114,7 +114,7 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
         codec = ChatCodec.from_pretrained(kw["model_path"], template_kwargs=dict(config.model.template_kwargs))
         return RolloutProducer(config, codec, router, kw["queue"], list(kw["rewards"]), owns_pause=True)
     if kind == "logprob":
-        from .logprobs import LogprobWorker
+        from relax_gym.trainer.modes.logprob_workers import LogprobWorker
 
         return LogprobWorker(kw["which"], kw["model_path"], kw["queue"], temperature=config.rollout.temperature,
                              micro_batch_size=config.train.micro_batch_size)

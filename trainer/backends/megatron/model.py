@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from relax_gym.trainer.megatron.config import (
+from relax_gym.trainer.backends.megatron.config import (
     MegatronBridgeError,
     MegatronConfig,
     ModelDims,
@@ -63,7 +63,7 @@ def build_gpt_model(dims: ModelDims, cfg: MegatronConfig, config: Any | None = N
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from relax_gym.trainer.megatron.rope import PositionRotaryEmbedding
+    from relax_gym.trainer.backends.megatron.rope import PositionRotaryEmbedding
 
     config = config or transformer_config(dims, cfg)
     spec = get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm")

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import torch
 
-from .queue import QueuedGroup
-from .roles import Role
+from relax_gym.trainer.modes.trajectory_queue import QueuedGroup
+from relax_gym.trainer.modes.roles import Role
 
 log = logging.getLogger("relax_gym.trainer.modes")
 Kind = Literal["ref", "prox"]
@@ -38,7 +38,7 @@ class LogprobWorker:
                  micro_batch_size: int = 16, claim_groups: int = 4, poll_s: float = 0.1, device: str = "cpu",
                  threads: int | None = None) -> None:
         from relax_gym.trainer.rollout import ChatCodec
-        from relax_gym.trainer.torch_backend import TorchBackend
+        from relax_gym.trainer.backends.pytorch import TorchBackend
 
         if threads:
             torch.set_num_threads(threads)
@@ -104,7 +104,7 @@ class LogprobWorker:
                 log.exception("%s logprob worker failed on %d groups", self.kind, len(groups))
 
     def _compute(self, groups: list[QueuedGroup]) -> dict[str, dict[str, list[float]]]:
-        from relax_gym.trainer.loop.batching import ScoredSample, to_sequence_batch
+        from relax_gym.trainer.algorithms.batching import ScoredSample, to_sequence_batch
 
         samples = [s for g in groups for s in g.samples]
         batch = to_sequence_batch([ScoredSample(s.traj, s.reward) for s in samples], self.processor,

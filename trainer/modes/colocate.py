@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from relax_gym.rewards import RewardComposer
-from relax_gym.trainer.backend import OptimizerSettings, PolicyObjective, TrainerBackend
+from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective, TrainerBackend
 from relax_gym.trainer.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
@@ -52,9 +52,9 @@ from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
-from .batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
-from .data import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs
-from .engines import EngineFleet
+from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
+from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs
+from relax_gym.trainer.engines.fleet import EngineFleet
 
 log = logging.getLogger("relax_gym.trainer")
 
@@ -105,13 +105,13 @@ def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
     """The configured backend over ``model_path``, with the RL phase's optimizer."""
     if config.backend == "megatron":
         try:
-            from relax_gym.trainer.megatron.backend import MegatronBackend
+            from relax_gym.trainer.backends.megatron.backend import MegatronBackend
         except ImportError as exc:
             raise RuntimeError(f"backend 'megatron' is not available: {exc}") from None
         return MegatronBackend(model_path, megatron=dict(config.megatron),
                                micro_batch_size=config.train.micro_batch_size,
                                optimizer=rl_optimizer_settings(config))
-    from relax_gym.trainer.torch_backend import TorchBackend
+    from relax_gym.trainer.backends.pytorch import TorchBackend
 
     return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,
                         micro_batch_size=config.train.micro_batch_size,
@@ -226,7 +226,7 @@ class Trainer:
         await asyncio.to_thread(self.fleet.start)
         self.router = await EngineRouter(self.fleet.urls, api_key=self.fleet.api_key,
                                          request_timeout_s=c.rollout.request_timeout_s).start()
-        from relax_gym.trainer.weight_sync import WeightSync
+        from relax_gym.trainer.weights.engine_sync import WeightSync
 
         path = c.engine.sync
         if path == "auto":
@@ -401,7 +401,7 @@ class Trainer:
                 batch.ref_logprobs = ref
             teacher = None
             if self.teacher is not None:
-                from .teacher import teacher_logprobs
+                from relax_gym.trainer.rollout.teacher import teacher_logprobs
 
                 teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
             metrics.update(attach_advantages(batch, rewards, c.algorithm, ref_logprobs=ref, teacher_logprobs=teacher))
@@ -590,11 +590,11 @@ def train(config: TrainConfig, *, resume: Resume = False, rl: bool = True) -> Ru
     SIGTERM (and Ctrl-C) cancel the run cleanly: the engines it started are stopped and the
     writers closed before :class:`KeyboardInterrupt` is raised; resume from the last checkpoint.
     Only ``mode: colocate`` runs here (``rl=False``, the warm-up alone, takes any mode); the
-    asynchronous modes run through :func:`relax_gym.trainer.modes.runner.train`.
+    asynchronous modes run through :func:`relax_gym.trainer.modes.async_runner.train`.
     """
     if rl and config.mode != "colocate":
         raise ValueError(
-            f"the colocate loop does not run mode {config.mode!r}: use relax_gym.trainer.modes.runner.train "
+            f"the colocate loop does not run mode {config.mode!r}: use relax_gym.trainer.modes.async_runner.train "
             "(relax-gym train picks the runner from the mode)"
         )
 

@@ -1,0 +1,2 @@
+"""Training backends: the contract (:mod:`.base`) and its implementations (:mod:`.pytorch`,
+:mod:`.megatron`); ``train.backend`` in the config picks one."""

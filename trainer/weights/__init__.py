@@ -1,0 +1,1 @@
+"""Moving the trainer's weights into the engines: transports and the publisher."""
