@@ -483,95 +483,113 @@ def _route(service: EngineService, fn: Callable[[Request], Awaitable[Response]],
     return handler
 
 
-def build_app(service: EngineService) -> Starlette:
-    """The Starlette app for ``service`` (its engine must be started separately)."""
-    engine = service.engine
-    runner = engine.runner
-    cfg = service.config
+class _InfoRoutes:
+    """The read-only routes: health, model and server info, the OpenAI model list, chat."""
 
-    async def health(request: Request) -> Response:
-        if not engine.alive:
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.cfg = service.config
+
+    async def health(self, request: Request) -> Response:
+        if not self.engine.alive:
             return error_response(503, "engine thread is not running", "ServiceUnavailable")
         return Response(status_code=200)
 
-    async def model_info(request: Request) -> Response:
+    async def model_info(self, request: Request) -> Response:
+        runner = self.engine.runner
         return JSONResponse(
             {
-                "model_path": cfg.model_path,
-                "tokenizer_path": cfg.model_path,
+                "model_path": self.cfg.model_path,
+                "tokenizer_path": self.cfg.model_path,
                 "is_generation": True,
-                "weight_version": engine.weight_version,
-                "served_model_name": cfg.served_model_name,
+                "weight_version": self.engine.weight_version,
+                "served_model_name": self.cfg.served_model_name,
                 "has_image_understanding": runner.is_vision,
                 "max_context_length": runner.max_context,
                 "vocab_size": runner.vocab_size,
             }
         )
 
-    async def server_info(request: Request) -> Response:
-        snapshot = engine.snapshot()
-        snapshot["bad_requests"] += service.bodies.too_large + service.bodies.too_slow  # refused unread
+    async def server_info(self, request: Request) -> Response:
+        service = self.service
+        bodies = service.bodies
+        snapshot = self.engine.snapshot()
+        snapshot["bad_requests"] += bodies.too_large + bodies.too_slow  # refused unread
         return JSONResponse(
             {
                 **snapshot,
                 "in_flight_http": service.in_flight,
                 "unauthorized_requests": service.unauthorized,
                 "request_bodies": {
-                    "buffered_bytes": service.bodies.buffered_bytes,
-                    "too_large": service.bodies.too_large,
-                    "over_budget": service.bodies.over_budget,
-                    "too_slow": service.bodies.too_slow,
+                    "buffered_bytes": bodies.buffered_bytes,
+                    "too_large": bodies.too_large,
+                    "over_budget": bodies.over_budget,
+                    "too_slow": bodies.too_slow,
                 },
                 "weight_update_groups": service.receiver.group_names,
                 "pending_weight_group_joins": service.receiver.pending_joins,
-                "logprob_mode": engine.logprob_mode,
+                "logprob_mode": self.engine.logprob_mode,
             }
         )
 
-    async def models(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": cfg.served_model_name,
-                        "object": "model",
-                        "created": int(engine.stats.started),
-                        "owned_by": "relax-gym",
-                        "root": cfg.model_path,
-                    }
-                ],
-            }
-        )
+    async def models(self, request: Request) -> Response:
+        model = {
+            "id": self.cfg.served_model_name,
+            "object": "model",
+            "created": int(self.engine.stats.started),
+            "owned_by": "relax-gym",
+            "root": self.cfg.model_path,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
 
-    async def chat(request: Request) -> Response:
-        return JSONResponse(await chat_completions(service, request))
+    async def chat(self, request: Request) -> Response:
+        return JSONResponse(await chat_completions(self.service, request))
 
-    async def abort(request: Request) -> Response:
-        req = await service.parse(request, AbortRequest)
-        if req.abort_all or not req.rid:
-            engine.abort(None, "aborted by abort_request")
-        else:
-            engine.abort(req.rid, "aborted by abort_request")
+
+class _ControlRoutes:
+    """The control routes that steer generation: abort, pause, continue, flush the cache."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.engine = service.engine
+
+    async def abort(self, request: Request) -> Response:
+        req = await self.service.parse(request, AbortRequest)
+        rid = None if req.abort_all or not req.rid else req.rid
+        self.engine.abort(rid, "aborted by abort_request")
         return JSONResponse({"success": True})
 
-    async def pause(request: Request) -> Response:
-        req = await service.parse(request, PauseGenerationRequest)
+    async def pause(self, request: Request) -> Response:
+        req = await self.service.parse(request, PauseGenerationRequest)
+        engine = self.engine
         held = await asyncio.wrap_future(engine.run_job(lambda: engine.pause(req.mode)))
         return JSONResponse({"success": True, "message": f"paused ({req.mode})", "num_paused_requests": held})
 
-    async def resume(request: Request) -> Response:
-        await service.read_json(request)
-        await asyncio.wrap_future(engine.run_job(engine.resume))
+    async def resume(self, request: Request) -> Response:
+        await self.service.read_json(request)
+        await asyncio.wrap_future(self.engine.run_job(self.engine.resume))
         return JSONResponse({"success": True, "message": "generation continues"})
 
-    async def flush(request: Request) -> Response:
-        ok = await asyncio.wrap_future(engine.run_job(engine.flush_cache))
+    async def flush(self, request: Request) -> Response:
+        ok = await asyncio.wrap_future(self.engine.run_job(self.engine.flush_cache))
         if not ok:
             return error_response(400, "cache not flushed: requests are running or waiting", "BadRequestError")
         return JSONResponse({"success": True, "message": "cache flushed"})
 
-    async def _update(load: Callable[[], int], version: str | None, abort_all: bool) -> Response:
+
+class _WeightRoutes:
+    """The control routes that load new weights: from disk, tensor blobs or a broadcast group."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.engine = service.engine
+        self.runner = service.engine.runner
+
+    async def _update(self, load: Callable[[], int], version: str | None, abort_all: bool) -> Response:
+        """Run ``load`` as an engine job, then bump the weight version; 400 if loading fails."""
+        engine = self.engine
+
         def job() -> dict[str, Any]:
             start = time.perf_counter()
             count = load()
@@ -591,12 +609,14 @@ def build_app(service: EngineService) -> Starlette:
             )
         return JSONResponse(result)
 
-    async def update_from_disk(request: Request) -> Response:
-        req = await service.parse(request, UpdateWeightsFromDiskRequest)
-        return await _update(lambda: runner.load_from_disk(req.model_path), req.weight_version, req.abort_all_requests)
+    async def from_disk(self, request: Request) -> Response:
+        req = await self.service.parse(request, UpdateWeightsFromDiskRequest)
+        return await self._update(
+            lambda: self.runner.load_from_disk(req.model_path), req.weight_version, req.abort_all_requests
+        )
 
-    async def update_from_tensor(request: Request) -> Response:
-        req = await service.parse(request, UpdateWeightsFromTensorRequest)
+    async def from_tensor(self, request: Request) -> Response:
+        req = await self.service.parse(request, UpdateWeightsFromTensorRequest)
         if req.load_format not in (None, "safetensors"):
             raise HTTPError(
                 400,
@@ -606,63 +626,80 @@ def build_app(service: EngineService) -> Starlette:
         named = await run_in_threadpool(
             lambda: [nt for item in req.serialized_named_tensors for nt in decode_named_tensors(item)]
         )
-        return await _update(lambda: runner.load_named_tensors(named), req.weight_version, req.abort_all_requests)
+        return await self._update(
+            lambda: self.runner.load_named_tensors(named), req.weight_version, req.abort_all_requests
+        )
 
-    async def init_group(request: Request) -> Response:
-        req = await service.parse(request, InitWeightsUpdateGroupRequest)
+    async def init_group(self, request: Request) -> Response:
+        req = await self.service.parse(request, InitWeightsUpdateGroupRequest)
         try:  # bounded by the receiver's timeout, off the event loop and the engine thread
-            await service.receiver.join(req)
+            await self.service.receiver.join(req)
         except WeightTransportError as exc:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=400)
         except WeightGroupError as exc:  # conflict, busy, or no rendezvous in time
             return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
         return JSONResponse({"success": True, "message": f"joined {req.group_name} as rank {req.rank_offset}"})
 
-    async def update_distributed(request: Request) -> Response:
-        req = await service.parse(request, UpdateWeightsFromDistributedRequest)
+    async def from_distributed(self, request: Request) -> Response:
+        req = await self.service.parse(request, UpdateWeightsFromDistributedRequest)
         validate_distributed_request(req)
         try:  # receive first, within the group timeout: the engine thread never waits on the network
-            named = await service.receiver.receive(req)
+            named = await self.service.receiver.receive(req)
         except WeightGroupError as exc:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
-        return await _update(lambda: runner.load_named_tensors(named), req.weight_version, req.abort_all_requests)
-
-    async def destroy_group(request: Request) -> Response:
-        data = await service.read_json(request)
-        name = (
-            (data or {}).get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
+        return await self._update(
+            lambda: self.runner.load_named_tensors(named), req.weight_version, req.abort_all_requests
         )
+
+    async def destroy_group(self, request: Request) -> Response:
+        data = await self.service.read_json(request)
+        name = data.get("group_name", "weight_update_group") if isinstance(data, dict) else "weight_update_group"
         try:
-            ok = service.receiver.destroy_group(str(name))
+            ok = self.service.receiver.destroy_group(str(name))
         except WeightGroupError as exc:
             return JSONResponse({"success": False, "message": str(exc)}, status_code=exc.status)
         return JSONResponse({"success": ok, "message": "destroyed" if ok else f"no group {name!r}"})
 
-    protected: set[str] = set()
 
-    def r(path: str, fn: Callable[[Request], Awaitable[Response]], methods: list[str], *, control: bool) -> Route:
-        if control:
-            protected.add(path)
-        return Route(path, _route(service, fn, control=control), methods=methods)
+RouteRow = tuple[str, Handler, list[str]]
 
-    routes = [
-        Route("/health", health, methods=["GET"]),
-        r("/get_model_info", model_info, ["GET"], control=False),
-        r("/get_server_info", server_info, ["GET"], control=False),
-        r("/generate", service.generate, ["POST"], control=False),
-        r("/v1/chat/completions", chat, ["POST"], control=False),
-        r("/v1/models", models, ["GET"], control=False),
-        r("/abort_request", abort, ["POST"], control=True),
-        r("/pause_generation", pause, ["POST"], control=True),
-        r("/continue_generation", resume, ["POST"], control=True),
-        r("/flush_cache", flush, ["POST", "GET"], control=True),
-        r("/update_weights_from_disk", update_from_disk, ["POST"], control=True),
-        r("/update_weights_from_tensor", update_from_tensor, ["POST"], control=True),
-        r("/init_weights_update_group", init_group, ["POST"], control=True),
-        r("/update_weights_from_distributed", update_distributed, ["POST"], control=True),
-        r("/destroy_weights_update_group", destroy_group, ["POST"], control=True),
+
+def _route_table(service: EngineService) -> tuple[list[RouteRow], list[RouteRow]]:
+    """(generation and info routes, control routes): path, handler, methods."""
+    info, control, weights = _InfoRoutes(service), _ControlRoutes(service), _WeightRoutes(service)
+    open_rows: list[RouteRow] = [
+        ("/get_model_info", info.model_info, ["GET"]),
+        ("/get_server_info", info.server_info, ["GET"]),
+        ("/generate", service.generate, ["POST"]),
+        ("/v1/chat/completions", info.chat, ["POST"]),
+        ("/v1/models", info.models, ["GET"]),
     ]
-    frozen = frozenset(protected)
+    control_rows: list[RouteRow] = [
+        ("/abort_request", control.abort, ["POST"]),
+        ("/pause_generation", control.pause, ["POST"]),
+        ("/continue_generation", control.resume, ["POST"]),
+        ("/flush_cache", control.flush, ["POST", "GET"]),
+        ("/update_weights_from_disk", weights.from_disk, ["POST"]),
+        (WEIGHT_TENSOR_ROUTE, weights.from_tensor, ["POST"]),
+        ("/init_weights_update_group", weights.init_group, ["POST"]),
+        ("/update_weights_from_distributed", weights.from_distributed, ["POST"]),
+        ("/destroy_weights_update_group", weights.destroy_group, ["POST"]),
+    ]
+    return open_rows, control_rows
+
+
+def build_app(service: EngineService) -> Starlette:
+    """The Starlette app for ``service`` (its engine must be started separately).
+
+    ``/health`` never needs a key; control routes always do when there is one, generation and
+    info routes only with ``protect_generation`` (see :func:`_route`).
+    """
+    open_rows, control_rows = _route_table(service)
+    routes = [Route("/health", _InfoRoutes(service).health, methods=["GET"])]
+    for rows, control in ((open_rows, False), (control_rows, True)):
+        routes += [Route(path, _route(service, fn, control=control), methods=methods) for path, fn, methods in rows]
+    protected = frozenset(path for path, _, _ in control_rows)
+    cfg = service.config
     body_limit = Middleware(
         BodyLimitMiddleware,
         limit_for=cfg.body_limit,
@@ -670,7 +707,7 @@ def build_app(service: EngineService) -> Starlette:
         free_bytes=cfg.small_body_bytes,
         timeout_s=cfg.body_timeout_s,
         stats=service.bodies,
-        may_read=lambda scope: service.may_read_body(scope, frozen),
+        may_read=lambda scope: service.may_read_body(scope, protected),
     )
     return Starlette(routes=routes, middleware=[body_limit])
 
