@@ -301,84 +301,107 @@ class ToolEnv(Wrapper):
         inner: StepResult | None,
         force_end: bool,
     ) -> StepResult:
+        """The step's outcome: one tool message per item, then the inner env's step if it answered."""
         self._turn += 1
-        stats = self._stats
-        messages: list[Message] = []
-        errors = 0
-        timing: dict[str, float] = {}
-        used_before = self._calls_used
+        budget_was_spent = self._calls_used >= self.max_tool_calls
         self._calls_used += plan.consumed
-        for i, item in enumerate(plan.items):
-            if isinstance(item, ParseError):
-                stats["parse_errors"] += 1
-                errors += 1
-                text = f"could not parse your tool call: {item.message}"
-                if i in plan.over_budget:
-                    text += " (" + self._budget_text(spent_earlier=False) + ")"
-                messages.append(self._error_message(item.call_id, None, text))
-            elif plan.exhausted:
-                errors += 1
-                stats["tool_errors"] += 1
-                messages.append(self._error_message(item.id, item.name, self._budget_text(spent_earlier=True)))
-            elif i in plan.skipped:
-                stats["skipped_calls"] += 1
-                messages.append(
-                    Message.tool("not run: the answer in this turn ended the tool phase", tool_call_id=item.id, name=item.name)
-                )
-            elif i in plan.over_budget:
-                errors += 1
-                stats["tool_errors"] += 1
-                messages.append(self._error_message(item.id, item.name, self._budget_text(spent_earlier=False)))
-            elif item.name not in self.registry:
-                errors += 1
-                stats["tool_errors"] += 1
-                messages.append(self._error_message(item.id, item.name, self.registry.unknown_tool_message(item.name)))
-            else:
-                result, elapsed = results[i]
-                timing[item.id] = elapsed
-                stats["tool_calls"] += 1
-                per = stats["per_tool"].setdefault(item.name, {"calls": 0, "errors": 0})
-                per["calls"] += 1
-                if not result.is_error:
-                    messages.append(Message.tool(*self._finish_content(result.content), tool_call_id=item.id, name=item.name))
-                    continue
-                errors += 1
-                stats["tool_errors"] += 1
-                per["errors"] += 1
-                if item is plan.answer_call:
-                    self._calls_used += 1  # a failed answer must not loop for free
-                text = result.text
-                if result.error_kind == "bad_arguments":
-                    params = json.dumps(self.registry[item.name].spec.parameters, ensure_ascii=False)
-                    text += f" The parameters are: {params}"
-                messages.append(self._error_message(item.id, item.name, text))
+        messages, errors, timing = self._tool_messages(plan, results)
         if plan.items and plan.answer_call is None:
-            stats["tool_turns"] += 1
-        spent = self._calls_used >= self.max_tool_calls
-        stats["budget_left"] = max(0, self.max_tool_calls - self._calls_used)
+            self._stats["tool_turns"] += 1
+        self._stats["budget_left"] = max(0, self.max_tool_calls - self._calls_used)
         # capped per step, so that reward_range holds however many junk calls one turn holds
         penalty = -(self.error_penalty * min(errors, self._penalty_cap)) if errors and self.error_penalty else 0.0
         timing_info = {"tools_s": sum(timing.values()), "per_call_s": timing} if timing else {}
-
         if inner is None:
-            # a failed answer call after the budget was spent ends the episode too
-            truncated = plan.exhausted or (plan.answer_call is not None and used_before >= self.max_tool_calls)
-            if spent and not truncated and messages:
-                messages[-1] = _append_text(messages[-1], self._budget_text(spent_earlier=False, now=True))
-            info: dict[str, Any] = {"success": False, "reward_components": {"tool_penalty": float(penalty)}}
-            if truncated:
-                info["truncation"] = "tool_budget"
-            obs = Observation(messages, tools=[] if truncated else self._advertised())
-            info["tools"] = self._stats_copy()
-            if timing_info:
-                info["timing"] = timing_info
-            return obs, float(penalty), False, bool(truncated), info
+            return self._tool_step(plan, messages, penalty, timing_info, budget_was_spent)
+        return self._answer_step(inner, messages, penalty, timing_info, force_end)
 
+    def _tool_messages(
+        self, plan: _Plan, results: dict[int, tuple[ToolResult, float]]
+    ) -> tuple[list[Message], int, dict[str, float]]:
+        """(one message per item in order, failed attempts, seconds per call id that ran)."""
+        messages: list[Message] = []
+        errors = 0
+        timing: dict[str, float] = {}
+        for i, item in enumerate(plan.items):
+            if isinstance(item, ParseError):
+                message, failed = self._parse_error_message(item, over_budget=i in plan.over_budget), True
+            elif i in plan.run:
+                result, elapsed = results[i]
+                timing[item.id] = elapsed
+                message, failed = self._result_message(item, result, is_answer=item is plan.answer_call)
+            else:
+                message, failed = self._not_run_message(i, item, plan)
+            messages.append(message)
+            errors += failed
+        return messages, errors, timing
+
+    def _parse_error_message(self, item: ParseError, *, over_budget: bool) -> Message:
+        self._stats["parse_errors"] += 1
+        text = f"could not parse your tool call: {item.message}"
+        if over_budget:
+            text += " (" + self._budget_text(spent_earlier=False) + ")"
+        return self._error_message(item.call_id, None, text)
+
+    def _not_run_message(self, index: int, call: ToolCall, plan: _Plan) -> tuple[Message, bool]:
+        """Why ``call`` did not run: budget, an answer in the same turn, or no such tool."""
+        if plan.exhausted:
+            reason = self._budget_text(spent_earlier=True)
+        elif index in plan.skipped:
+            self._stats["skipped_calls"] += 1
+            text = "not run: the answer in this turn ended the tool phase"
+            return Message.tool(text, tool_call_id=call.id, name=call.name), False
+        elif index in plan.over_budget:
+            reason = self._budget_text(spent_earlier=False)
+        else:
+            reason = self.registry.unknown_tool_message(call.name)
+        self._stats["tool_errors"] += 1
+        return self._error_message(call.id, call.name, reason), True
+
+    def _result_message(self, call: ToolCall, result: ToolResult, *, is_answer: bool) -> tuple[Message, bool]:
+        """The message for a call that ran, and whether it failed (counted per tool)."""
+        stats = self._stats
+        stats["tool_calls"] += 1
+        per = stats["per_tool"].setdefault(call.name, {"calls": 0, "errors": 0})
+        per["calls"] += 1
+        if not result.is_error:
+            return Message.tool(*self._finish_content(result.content), tool_call_id=call.id, name=call.name), False
+        stats["tool_errors"] += 1
+        per["errors"] += 1
+        if is_answer:
+            self._calls_used += 1  # a failed answer must not loop for free
+        text = result.text
+        if result.error_kind == "bad_arguments":
+            params = json.dumps(self.registry[call.name].spec.parameters, ensure_ascii=False)
+            text += f" The parameters are: {params}"
+        return self._error_message(call.id, call.name, text), True
+
+    def _tool_step(
+        self, plan: _Plan, messages: list[Message], penalty: float, timing_info: dict[str, Any], budget_was_spent: bool
+    ) -> StepResult:
+        """A turn that only called tools: the episode goes on unless it broke the budget."""
+        # a failed answer call after the budget was spent ends the episode too
+        truncated = plan.exhausted or (plan.answer_call is not None and budget_was_spent)
+        if self._calls_used >= self.max_tool_calls and not truncated and messages:
+            messages[-1] = _append_text(messages[-1], self._budget_text(spent_earlier=False, now=True))
+        info: dict[str, Any] = {"success": False, "reward_components": {"tool_penalty": float(penalty)}}
+        if truncated:
+            info["truncation"] = "tool_budget"
+        obs = Observation(messages, tools=[] if truncated else self._advertised())
+        info["tools"] = self._stats_copy()
+        if timing_info:
+            info["timing"] = timing_info
+        return obs, float(penalty), False, bool(truncated), info
+
+    def _answer_step(
+        self, inner: StepResult, messages: list[Message], penalty: float, timing_info: dict[str, Any], force_end: bool
+    ) -> StepResult:
+        """A turn that answered: the inner env's step, after this turn's tool messages."""
         inner_obs, reward, terminated, truncated, inner_info = inner
         self._answer_turns += 1
         info = dict(inner_info)
         if force_end:
-            stats["finished"] = True
+            self._stats["finished"] = True
             terminated = terminated or not truncated
         if not (terminated or truncated) and self._answer_turns >= int(self._inner.max_turns):
             truncated = True
@@ -428,9 +451,7 @@ class ToolEnv(Wrapper):
         if len(text) <= limit:
             return text
         self._stats["truncated_results"] += 1
-        head = limit * 2 // 3
-        tail = limit - head
-        return f"{text[:head]}\n[... {len(text) - head - tail} characters truncated ...]\n{text[-tail:]}"
+        return self._truncate_to(text, limit)
 
     def _new_media_id(self, prefix: str) -> str:
         while True:
