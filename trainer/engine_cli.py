@@ -8,8 +8,14 @@ relax-gym engine sglang --model Qwen/Qwen3-VL-2B-Instruct --port 30000 --tp 1   
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relax_gym.trainer.engines.embedded import EmbeddedOptions
+    from relax_gym.trainer.engines.sglang_launcher import SGLangOptions
 
 
 def _positive_seconds(text: str) -> float:
@@ -25,8 +31,14 @@ def _positive_seconds(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="engine_command", metavar="ACTION")
+    _add_serve_arguments(sub.add_parser("serve", help="serve a HF model over SGLang's HTTP protocol on CPU"))
+    _add_build_tiny_arguments(
+        sub.add_parser("build-tiny", help="build a tiny random Qwen3 / Qwen3-VL model folder (no download)")
+    )
+    _add_sglang_arguments(sub.add_parser("sglang", help="launch SGLang's server (GPU machines) and wait until healthy"))
 
-    s = sub.add_parser("serve", help="serve a HF model over SGLang's HTTP protocol on CPU")
+
+def _add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--model", required=True, help="HF model folder (config, safetensors, tokenizer)")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=30000, help="port; 0 picks a free one (see --port-file)")
@@ -62,17 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="split <think> blocks into reasoning_content on /v1/chat/completions",
     )
-    lim = s.add_argument_group("input limits (each refused request gets 4xx; see docs/engine.md)")
-    lim.add_argument("--max-request-mb", type=int, default=32, help="request body cap, MiB (413 beyond)")
-    lim.add_argument("--max-weight-request-mb", type=int, default=1024, help="/update_weights_from_tensor body cap")
-    lim.add_argument("--max-buffered-mb", type=int, default=None, help="all bodies held at once (503 beyond)")
-    lim.add_argument("--body-timeout", type=float, default=300.0, help="seconds to receive a body (408 after)")
-    lim.add_argument("--max-prompt-chars", type=int, default=None, help="default: 32 x the context length")
-    lim.add_argument("--max-images", type=int, default=32, help="images per request")
-    lim.add_argument("--max-image-mb", type=int, default=16, help="encoded size per image, MiB")
-    lim.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="width x height per image")
-    lim.add_argument("--heavy-concurrency", type=int, default=2, help="large/image requests prepared at once")
-    lim.add_argument("--max-connections", type=int, default=4096, help="open connections (503 beyond)")
+    _add_input_limit_arguments(s)
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     s.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     s.add_argument(
@@ -88,7 +90,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, seconds in-flight requests get before they are cancelled (default 3)",
     )
 
-    b = sub.add_parser("build-tiny", help="build a tiny random Qwen3 / Qwen3-VL model folder (no download)")
+
+def _add_input_limit_arguments(s: argparse.ArgumentParser) -> None:
+    lim = s.add_argument_group("input limits (each refused request gets 4xx; see docs/engine.md)")
+    lim.add_argument("--max-request-mb", type=int, default=32, help="request body cap, MiB (413 beyond)")
+    lim.add_argument("--max-weight-request-mb", type=int, default=1024, help="/update_weights_from_tensor body cap")
+    lim.add_argument("--max-buffered-mb", type=int, default=None, help="all bodies held at once (503 beyond)")
+    lim.add_argument("--body-timeout", type=float, default=300.0, help="seconds to receive a body (408 after)")
+    lim.add_argument("--max-prompt-chars", type=int, default=None, help="default: 32 x the context length")
+    lim.add_argument("--max-images", type=int, default=32, help="images per request")
+    lim.add_argument("--max-image-mb", type=int, default=16, help="encoded size per image, MiB")
+    lim.add_argument("--max-image-pixels", type=int, default=4096 * 4096, help="width x height per image")
+    lim.add_argument("--heavy-concurrency", type=int, default=2, help="large/image requests prepared at once")
+    lim.add_argument("--max-connections", type=int, default=4096, help="open connections (503 beyond)")
+
+
+def _add_build_tiny_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--kind", default="qwen3", choices=["qwen3", "qwen3-vl", "qwen3_vl"])
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=0)
@@ -101,7 +118,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     b.add_argument("--hidden-size", type=int, default=None, help="override hidden_size")
 
-    g = sub.add_parser("sglang", help="launch SGLang's server (GPU machines) and wait until healthy")
+
+def _add_sglang_arguments(g: argparse.ArgumentParser) -> None:
     g.add_argument("--model", required=True)
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=30000)
@@ -116,77 +134,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     command = getattr(args, "engine_command", None)
     if command == "serve":
-        from relax_gym.trainer.engines.embedded import EmbeddedOptions, serve
+        from relax_gym.trainer.engines.embedded import serve
 
-        return int(
-            serve(
-                EmbeddedOptions(
-                    model=args.model,
-                    host=args.host,
-                    port=args.port,
-                    port_file=args.port_file,
-                    api_key=args.api_key,
-                    protect_generation=args.protect_generation,
-                    served_model_name=args.served_model_name,
-                    max_batch_size=args.max_batch_size,
-                    max_prefill_tokens=args.max_prefill_tokens,
-                    prefix_cache_tokens=args.prefix_cache_tokens,
-                    threads=args.threads,
-                    seed=args.seed,
-                    logprob_mode=args.logprob_mode,
-                    weight_version=args.weight_version,
-                    allow_media_paths=args.allow_media_paths,
-                    default_max_tokens=args.default_max_tokens,
-                    reasoning_parser=args.reasoning_parser,
-                    max_request_bytes=args.max_request_mb << 20,
-                    max_weight_request_bytes=args.max_weight_request_mb << 20,
-                    max_buffered_bytes=None if args.max_buffered_mb is None else args.max_buffered_mb << 20,
-                    body_timeout_s=args.body_timeout,
-                    max_prompt_chars=args.max_prompt_chars,
-                    max_images=args.max_images,
-                    max_image_bytes=args.max_image_mb << 20,
-                    max_image_pixels=args.max_image_pixels,
-                    heavy_concurrency=args.heavy_concurrency,
-                    max_connections=args.max_connections,
-                    dtype=args.dtype,
-                    log_level=args.log_level,
-                    weight_group_timeout_s=args.weight_group_timeout,
-                    shutdown_grace_s=args.shutdown_grace,
-                )
-            )
-        )
+        return int(serve(serve_options(args)))
     if command == "build-tiny":
-        from relax_gym.trainer.models import build_tiny_model, folder_size_bytes
-
-        overrides = {}
-        if args.layers:
-            overrides["num_hidden_layers"] = args.layers
-        if args.hidden_size:
-            overrides["hidden_size"] = args.hidden_size
-        path = build_tiny_model(args.kind, args.out, seed=args.seed, tokenizer=args.tokenizer, **overrides)
-        print(f"built tiny {args.kind} at {path} ({folder_size_bytes(path) / 1e6:.1f} MB)")
-        return 0
+        return _build_tiny(args)
     if command == "sglang":
-        from relax_gym.trainer.engines.sglang_launcher import (
-            SGLangOptions,
-            run_foreground,
-        )
+        from relax_gym.trainer.engines.sglang_launcher import run_foreground
 
-        extra = [a for a in (args.extra or []) if a != "--"]
-        return int(
-            run_foreground(
-                SGLangOptions(
-                    model=args.model,
-                    host=args.host,
-                    port=args.port,
-                    tp=args.tp,
-                    mem_fraction_static=args.mem_fraction_static,
-                    api_key=args.api_key,
-                    log_file=args.log_file,
-                    health_timeout_s=args.timeout,
-                    extra_args=extra,
-                )
-            )
-        )
+        return int(run_foreground(sglang_options(args)))
     print("usage: relax-gym engine {serve,build-tiny,sglang} ... (see --help)", file=sys.stderr)
     return 2
+
+
+def _same_named(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The parsed flags whose name is a field of ``cls`` (``--max-batch-size`` -> ``max_batch_size``)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name: value for name, value in vars(args).items() if name in names}
+
+
+def _mib(value: int | None) -> int | None:
+    return None if value is None else value << 20
+
+
+def serve_options(args: argparse.Namespace) -> EmbeddedOptions:
+    """``engine serve``'s flags as options: same-named ones as they are, the MiB and seconds ones converted."""
+    from relax_gym.trainer.engines.embedded import EmbeddedOptions
+
+    return EmbeddedOptions(
+        **_same_named(args, EmbeddedOptions),
+        max_request_bytes=args.max_request_mb << 20,
+        max_weight_request_bytes=args.max_weight_request_mb << 20,
+        max_buffered_bytes=_mib(args.max_buffered_mb),
+        max_image_bytes=args.max_image_mb << 20,
+        body_timeout_s=args.body_timeout,
+        weight_group_timeout_s=args.weight_group_timeout,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+
+
+def sglang_options(args: argparse.Namespace) -> SGLangOptions:
+    """``engine sglang``'s flags as options (what follows ``--`` goes to SGLang unchanged)."""
+    from relax_gym.trainer.engines.sglang_launcher import SGLangOptions
+
+    extra = [a for a in (args.extra or []) if a != "--"]
+    return SGLangOptions(**_same_named(args, SGLangOptions), health_timeout_s=args.timeout, extra_args=extra)
+
+
+def _build_tiny(args: argparse.Namespace) -> int:
+    from relax_gym.trainer.models import build_tiny_model, folder_size_bytes
+
+    overrides = {}
+    if args.layers:
+        overrides["num_hidden_layers"] = args.layers
+    if args.hidden_size:
+        overrides["hidden_size"] = args.hidden_size
+    path = build_tiny_model(args.kind, args.out, seed=args.seed, tokenizer=args.tokenizer, **overrides)
+    print(f"built tiny {args.kind} at {path} ({folder_size_bytes(path) / 1e6:.1f} MB)")
+    return 0
