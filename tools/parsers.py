@@ -32,7 +32,7 @@ import ast
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -136,6 +136,34 @@ def _scan_blocks(body: str) -> list[tuple[str | None, str | None]]:
         snippet = body[open_at : open_at + 60].strip()
         out.append((None, f"unclosed <tool_call> tag: the output ended before </tool_call> (after {snippet!r})"))
     return out
+
+
+BlockDecoder = Callable[[str, int, int], tuple[list[ToolCall | ParseError], int]]
+
+
+def _parse_blocks(output: Any, turn: int, decode: BlockDecoder) -> ParseResult:
+    """The ``<tool_call>`` blocks of a text output, each decoded by ``decode(content, first, room)``.
+
+    ``first`` is the index of the block's first attempt (its id), ``room`` how many attempts
+    may still be decoded; ``decode`` returns the attempts and how many more it skipped. Scan
+    errors (stray or unclosed tags) become parse errors in place, and blocks past
+    :data:`MAX_CALL_ATTEMPTS` are only counted.
+    """
+    if not isinstance(output, str):
+        return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
+    items: list[ToolCall | ParseError] = []
+    ignored = 0
+    for content, error in _scan_blocks(strip_thinking(output)):
+        if len(items) >= MAX_CALL_ATTEMPTS:  # cap_attempts reports the rest; stop decoding
+            ignored += 1
+        elif error is not None:
+            items.append(ParseError(error, call_id(turn, len(items))))
+        else:
+            assert content is not None
+            decoded, skipped = decode(content, len(items), MAX_CALL_ATTEMPTS - len(items))
+            items.extend(decoded)
+            ignored += skipped
+    return ParseResult(output, items, ignored)
 
 
 def _quote(name: str) -> str:
@@ -303,39 +331,25 @@ class HermesParser(ToolCallParser):
     name = "hermes"
 
     def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
-        if not isinstance(output, str):
-            return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
-        items: list[ToolCall | ParseError] = []
-        ignored = 0
-        for content, error in _scan_blocks(strip_thinking(output)):
-            if len(items) >= MAX_CALL_ATTEMPTS:  # cap_attempts reports the rest; stop decoding
-                ignored += 1
-                continue
-            if error is not None:
-                items.append(ParseError(error, call_id(turn, len(items))))
-                continue
-            assert content is not None
-            body = _strip_fence(content.strip())
-            if not body:
-                items.append(ParseError("empty <tool_call> block", call_id(turn, len(items))))
-                continue
-            try:
-                obj = loads_json(body)
-            except ValueError as exc:
-                items.append(
-                    ParseError(
-                        f"malformed JSON in <tool_call>: {_json_error(exc)}; "
-                        'expected {"name": "<tool name>", "arguments": {...}}',
-                        call_id(turn, len(items)),
-                    )
-                )
-                continue
-            calls = obj if isinstance(obj, list) and obj else [obj]
-            room = max(0, MAX_CALL_ATTEMPTS - len(items))
-            ignored += max(0, len(calls) - room)
-            for one in calls[:room]:
-                items.append(_call_from_object(one, call_id(turn, len(items))))
-        return ParseResult(output, items, ignored)
+        return _parse_blocks(output, turn, lambda content, first, room: self._decode_block(content, turn, first, room))
+
+    @staticmethod
+    def _decode_block(content: str, turn: int, first: int, room: int) -> tuple[list[ToolCall | ParseError], int]:
+        """One block's JSON: a call or a list of calls (the first ``room`` decoded, the rest counted)."""
+        body = _strip_fence(content.strip())
+        if not body:
+            return [ParseError("empty <tool_call> block", call_id(turn, first))], 0
+        try:
+            obj = loads_json(body)
+        except ValueError as exc:
+            message = (
+                f"malformed JSON in <tool_call>: {_json_error(exc)}; "
+                'expected {"name": "<tool name>", "arguments": {...}}'
+            )
+            return [ParseError(message, call_id(turn, first))], 0
+        calls = obj if isinstance(obj, list) and obj else [obj]
+        decoded = [_call_from_object(one, call_id(turn, first + j)) for j, one in enumerate(calls[:room])]
+        return decoded, max(0, len(calls) - room)
 
     def render(self, calls: Sequence[ToolCall], text: str = "") -> str:
         blocks = [
@@ -372,22 +386,10 @@ class Qwen3CoderParser(ToolCallParser):
     name = "qwen3_coder"
 
     def _parse(self, output: Any, *, turn: int, tools: Sequence[ToolSpec] | None) -> ParseResult:
-        if not isinstance(output, str):
-            return ParseResult("", [ParseError(f"expected the model's text, got {type(output).__name__}")])
         schemas = {t.name: t.parameters.get("properties", {}) for t in tools or ()}
-        items: list[ToolCall | ParseError] = []
-        ignored = 0
-        for content, error in _scan_blocks(strip_thinking(output)):
-            cid = call_id(turn, len(items))
-            if len(items) >= MAX_CALL_ATTEMPTS:  # cap_attempts reports the rest; stop decoding
-                ignored += 1
-                continue
-            if error is not None:
-                items.append(ParseError(error, cid))
-                continue
-            assert content is not None
-            items.append(self._parse_block(content, cid, schemas))
-        return ParseResult(output, items, ignored)
+        return _parse_blocks(
+            output, turn, lambda content, first, room: ([self._parse_block(content, call_id(turn, first), schemas)], 0)
+        )
 
     def _parse_block(self, content: str, cid: str, schemas: dict[str, dict[str, Any]]) -> ToolCall | ParseError:
         fm = _FUNCTION_OPEN.search(content)
