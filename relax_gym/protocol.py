@@ -518,19 +518,16 @@ class EngineClient:
         await self._request("POST", "/continue_generation", {}, timeout_s=self.control_timeout_s)
 
     async def update_weights_from_disk(self, request: UpdateWeightsFromDiskRequest) -> UpdateWeightsResponse:
-        out = UpdateWeightsResponse.model_validate(
-            await self._request("POST", "/update_weights_from_disk", request)
-        )
-        if not out.success:
-            raise EngineError(self.base_url + "/update_weights_from_disk", f"weight update failed: {out.message}")
-        return out
+        return await self._update_weights("/update_weights_from_disk", request)
 
     async def update_weights_from_tensor(self, request: UpdateWeightsFromTensorRequest) -> UpdateWeightsResponse:
-        out = UpdateWeightsResponse.model_validate(
-            await self._request("POST", "/update_weights_from_tensor", request)
-        )
+        return await self._update_weights("/update_weights_from_tensor", request)
+
+    async def _update_weights(self, path: str, request: BaseModel) -> UpdateWeightsResponse:
+        """POST a weight update to ``path``; a reply with ``success: false`` raises EngineError."""
+        out = UpdateWeightsResponse.model_validate(await self._request("POST", path, request))
         if not out.success:
-            raise EngineError(self.base_url + "/update_weights_from_tensor", f"weight update failed: {out.message}")
+            raise EngineError(self.base_url + path, f"weight update failed: {out.message}")
         return out
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
@@ -547,12 +544,7 @@ class EngineClient:
         )
 
     async def update_weights_from_distributed(self, request: UpdateWeightsFromDistributedRequest) -> UpdateWeightsResponse:
-        out = UpdateWeightsResponse.model_validate(
-            await self._request("POST", "/update_weights_from_distributed", request)
-        )
-        if not out.success:
-            raise EngineError(self.base_url + "/update_weights_from_distributed", f"weight update failed: {out.message}")
-        return out
+        return await self._update_weights("/update_weights_from_distributed", request)
 
 
 __all__ = [
