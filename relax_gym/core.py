@@ -121,7 +121,11 @@ class Env(gymnasium.Env[Observation, Action | str]):
 
 
 class Wrapper(gymnasium.Wrapper[Observation, Action | str, Observation, Action | str], Env):
-    """Base class for relax_gym wrappers: forwards the relax_gym API to the wrapped env."""
+    """Base class for relax_gym wrappers: forwards the relax_gym API to the wrapped env.
+
+    ``areset``/``astep`` are :class:`Env`'s: they run *this* wrapper's ``reset``/``step`` in a
+    thread, so the wrapper's own logic applies; a wrapper with native async overrides them.
+    """
 
     def __init__(self, env: Env) -> None:
         gymnasium.Wrapper.__init__(self, env)
@@ -158,14 +162,6 @@ class Wrapper(gymnasium.Wrapper[Observation, Action | str, Observation, Action |
 
     def random_action(self, rng: np.random.Generator) -> Action | str:
         return self.env.random_action(rng)
-
-    async def areset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Observation, dict[str, Any]]:
-        return await asyncio.to_thread(self.reset, seed=seed, options=options)
-
-    async def astep(self, action: Action | str) -> StepResult:
-        return await asyncio.to_thread(self.step, action)
 
 
 class EpisodeGuard(Wrapper):
