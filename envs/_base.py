@@ -9,7 +9,8 @@ A subclass declares its difficulty levels and implements three small methods:
 
 Everything else -- seeding, the observation, grading, ``info`` and the oracle -- lives here, so
 every env scores the same way: ``1.0`` for a right answer, ``0.1`` for a well-formed wrong one,
-``0`` otherwise, and ``info["success"]`` only for the right answer.
+``0`` otherwise, and ``info["success"]`` only for the right answer. :class:`TaskEnv` holds the
+part that the tool envs' tasks (``_tool_task.ToolTask``) share: levels, reset and grading.
 """
 
 from __future__ import annotations
@@ -61,8 +62,12 @@ def check_difficulty(difficulty: str, levels: Mapping[str, Any]) -> None:
         raise EnvOptionError(f"difficulty must be one of {list(levels)}, got {difficulty!r}")
 
 
-class BoxedAnswerEnv(Env, Generic[LevelT]):
-    """A one-turn question answered as ``\\boxed{...}``; subclasses generate and parse."""
+class TaskEnv(Env, Generic[LevelT]):
+    """One task per episode, drawn at a named difficulty; the base of both kinds of shipped env.
+
+    Subclasses set ``levels`` and implement ``make_task`` (and ``parse_answer`` /
+    ``random_answer`` for answer tasks); :meth:`grade_answer` scores every env the same way.
+    """
 
     levels: ClassVar[Mapping[str, Any]]
     max_turns = 1
@@ -78,7 +83,7 @@ class BoxedAnswerEnv(Env, Generic[LevelT]):
         raise NotImplementedError
 
     def parse_answer(self, raw: str) -> Hashable | None:
-        """Default: the answer text, stripped and lower-cased."""
+        """Default: the answer text, whitespace-collapsed and lower-cased."""
         cleaned = " ".join(raw.split()).lower()
         return cleaned or None
 
@@ -93,9 +98,9 @@ class BoxedAnswerEnv(Env, Generic[LevelT]):
         self.task = self.make_task(self.level)
         return Observation([Message.user(self.task.prompt, *self.task.media)]), {"difficulty": self.difficulty}
 
-    def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
-        task = self._require_task()
-        raw = boxed_answer(Action.coerce(action).text)
+    def grade_answer(self, raw: str | None) -> tuple[float, dict[str, Any]]:
+        """(reward, info) for the answer text ``raw`` (None: no answer found in the reply)."""
+        task = self.require_task()
         parsed = self.parse_answer(raw) if raw is not None else None
         correct = task.accepts(parsed)
         well_formed = parsed is not None
@@ -108,18 +113,25 @@ class BoxedAnswerEnv(Env, Generic[LevelT]):
             "answer": raw,
             "well_formed": well_formed,
             "target": task.answer,
-            **task.details,
         }
-        reward = 1.0 if correct else (FORMAT_REWARD if well_formed else 0.0)
-        return Observation(), reward, True, False, info
+        return (1.0 if correct else (FORMAT_REWARD if well_formed else 0.0)), info
 
-    def oracle(self) -> Iterator[str]:
-        yield f"\\boxed{{{self._require_task().answer}}}"
-
-    def random_action(self, rng: np.random.Generator) -> str:
-        return f"\\boxed{{{self.random_answer(rng)}}}"
-
-    def _require_task(self) -> Task:
+    def require_task(self) -> Task:
         if self.task is None:
             raise RuntimeError(f"{type(self).__name__}: call reset() first")
         return self.task
+
+
+class BoxedAnswerEnv(TaskEnv[LevelT]):
+    """A one-turn question answered as ``\\boxed{...}``; subclasses generate and parse."""
+
+    def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        task = self.require_task()
+        reward, info = self.grade_answer(boxed_answer(Action.coerce(action).text))
+        return Observation(), reward, True, False, {**info, **task.details}
+
+    def oracle(self) -> Iterator[str]:
+        yield f"\\boxed{{{self.require_task().answer}}}"
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        return f"\\boxed{{{self.random_answer(rng)}}}"

@@ -3,7 +3,7 @@
 
 Each tool env module defines two classes:
 
-* a :class:`ToolTask` (a plain ``Env``): draws the task from its seed, may provide tools bound
+* a :class:`ToolTask` (a ``_base.TaskEnv``): draws the task from its seed, may provide tools bound
   to the episode (``tools()``, e.g. a shop database's ``place_order``), and grades the final
   reply -- by default as an answer compared with the task's target (``1.0`` right, ``0.1``
   well-formed but wrong, ``0`` otherwise, like the tool-free envs);
@@ -23,17 +23,17 @@ whole text (thinking removed).
 from __future__ import annotations
 
 import json
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 from relax_gym.tools import Tool, ToolEnv, strip_thinking
 
-from relax_gym.core import Env, StepResult
-from relax_gym.types import Action, Message, Observation, ToolCall
+from relax_gym.core import StepResult
+from relax_gym.types import Action, Observation, ToolCall
 
 from ._answers import boxed_answer
-from ._base import FORMAT_REWARD, Task, check_difficulty
+from ._base import TaskEnv
 
 LevelT = TypeVar("LevelT")
 TaskT = TypeVar("TaskT", bound="ToolTask[Any]")
@@ -54,70 +54,21 @@ class OracleError(RuntimeError):
     """The scripted oracle met a tool result it did not expect (a bug in the env or a tool)."""
 
 
-class ToolTask(Env, Generic[LevelT]):
+class ToolTask(TaskEnv[LevelT]):
     """The inner env of a tool env: one task, one final answer (tools run in the wrapper).
 
     Subclasses set ``levels`` and implement ``make_task`` (and ``parse_answer`` /
     ``random_answer`` for answer tasks); state-graded tasks override ``grade``.
     """
 
-    levels: ClassVar[Mapping[str, Any]]
-    max_turns = 1
-
-    def __init__(self, difficulty: str = "easy") -> None:
-        check_difficulty(difficulty, self.levels)
-        self.difficulty = difficulty
-        self.level: LevelT = self.levels[difficulty]
-        self.task: Task | None = None
-
-    # -- subclass hooks ---------------------------------------------------------------------------
-    def make_task(self, level: LevelT) -> Task:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def parse_answer(self, raw: str) -> Hashable | None:
-        """Default: the answer text, whitespace-collapsed and lower-cased."""
-        cleaned = " ".join(raw.split()).lower()
-        return cleaned or None
-
-    def random_answer(self, rng: np.random.Generator) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
-
     def grade(self, reply: str) -> tuple[float, dict[str, Any]]:
         """(reward, info) for the final reply; default: compare the parsed answer with the target."""
-        task = self.require_task()
-        raw = answer_text(reply)
-        parsed = self.parse_answer(raw) if raw is not None else None
-        correct = task.accepts(parsed)
-        well_formed = parsed is not None
-        info = {
-            "success": correct,
-            "reward_components": {
-                "correct": 1.0 if correct else 0.0,
-                "format": FORMAT_REWARD if well_formed and not correct else 0.0,
-            },
-            "answer": raw,
-            "well_formed": well_formed,
-            "target": task.answer,
-        }
-        return (1.0 if correct else (FORMAT_REWARD if well_formed else 0.0)), info
-
-    # -- the Env API ------------------------------------------------------------------------------
-    def reset(
-        self, *, seed: int | None = None, options: dict[str, Any] | None = None
-    ) -> tuple[Observation, dict[str, Any]]:
-        super().reset(seed=seed)
-        self.task = self.make_task(self.level)
-        return Observation([Message.user(self.task.prompt, *self.task.media)]), {"difficulty": self.difficulty}
+        return self.grade_answer(answer_text(reply))
 
     def step(self, action: Action | str) -> StepResult:
         task = self.require_task()
         reward, info = self.grade(Action.coerce(action).text)
         return Observation(), reward, True, False, {**info, **task.details}
-
-    def require_task(self) -> Task:
-        if self.task is None:
-            raise RuntimeError(f"{type(self).__name__}: call reset() first")
-        return self.task
 
 
 class ToolTaskEnv(ToolEnv, Generic[TaskT]):

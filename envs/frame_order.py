@@ -139,5 +139,5 @@ class FrameOrderEnv(BoxedAnswerEnv[Level]):
         return letters if letters is not None and sorted(letters) == sorted(self._labels) else None
 
     def random_answer(self, rng: np.random.Generator) -> str:
-        self._require_task()
+        self.require_task()
         return "".join(self._labels[int(i)] for i in rng.permutation(len(self._labels)))

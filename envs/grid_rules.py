@@ -201,7 +201,7 @@ class GridRulesEnv(BoxedAnswerEnv[Level]):
         return parse_grid(raw)
 
     def random_answer(self, rng: np.random.Generator) -> str:
-        self._require_task()
+        self.require_task()
         rules = self.catalogue(self.level, self._colors)
         return grid_to_text(rules[int(rng.integers(0, len(rules)))](self._test_input))
 

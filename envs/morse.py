@@ -113,7 +113,7 @@ class MorseDecodeEnv(BoxedAnswerEnv[Level]):
 
     def random_answer(self, rng: np.random.Generator) -> str:
         """A listed candidate, else a vocabulary word, else random letters."""
-        self._require_task()
+        self.require_task()
         if self._choices:
             return str(rng.choice(self._choices))
         if self.level.vocabulary is not None:

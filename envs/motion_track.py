@@ -192,5 +192,5 @@ class MotionTrackEnv(BoxedAnswerEnv[Level]):
         return word if word in self._options else None
 
     def random_answer(self, rng: np.random.Generator) -> str:
-        self._require_task()
+        self.require_task()
         return str(rng.choice(self._options))

@@ -155,5 +155,5 @@ class SceneQueryEnv(BoxedAnswerEnv[Level]):
         return word if word in self._options else None
 
     def random_answer(self, rng: np.random.Generator) -> str:
-        self._require_task()
+        self.require_task()
         return str(rng.choice(self._options))

@@ -90,5 +90,5 @@ class ToneCompareEnv(BoxedAnswerEnv[Level]):
         return value if value is not None and 1 <= value <= self._n else None
 
     def random_answer(self, rng: np.random.Generator) -> str:
-        self._require_task()
+        self.require_task()
         return str(int(rng.integers(1, self._n + 1)))
