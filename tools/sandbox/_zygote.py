@@ -164,6 +164,15 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
     _c().prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(sig), 0, 0, 0)
 
 
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (an executor without a PID namespace leads one); a group
+    already gone, or no longer ours to signal, is not an error."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _mount_points() -> list[str]:
     points = []
     with open("/proc/self/mountinfo", encoding="utf-8") as fh:
@@ -842,10 +851,7 @@ class _Executor:
             except ProcessLookupError:
                 pass
         if not self.caps["pid"]:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_group(self.pid)
 
     def kill(self) -> None:
         """Kill the executor and everything it started, then reap it."""
@@ -1062,7 +1068,7 @@ def _spawn_supervisor(ctl: socket.socket, caps: dict[str, Any], uid: int | None,
     return pid
 
 
-def zygote_main(argv: list[str]) -> int:
+def _zygote_arguments(argv: list[str]) -> Any:
     import argparse
 
     ap = argparse.ArgumentParser()
@@ -1073,58 +1079,67 @@ def zygote_main(argv: list[str]) -> int:
     ap.add_argument("--uid-count", type=int, default=65536)
     ap.add_argument("--tmpfs-mb", type=int, default=64)
     ap.add_argument("--preload", default="")
-    args = ap.parse_args(argv)
-    ctl = socket.socket(fileno=args.control_fd)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Not dumpable (inherited by every fork): a process of the same uid -- the code, where no
-    # per-call uid is dropped to -- cannot ptrace these processes or open their descriptors
-    # through /proc.
-    _c().prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
+    return ap.parse_args(argv)
+
+
+def _zygote_capabilities(isolation: str, drop_privileges: str) -> tuple[dict[str, Any], str | None]:
+    """Build the seccomp filter, probe what the kernel allows and decide on the uid drop:
+    (caps, the reason the sandbox cannot start or None)."""
     global _SECCOMP
     try:
         _SECCOMP = build_seccomp_filter()
     except Exception as exc:  # no pyseccomp or libseccomp: reported as seccomp=False
         print(f"sandbox: no seccomp filter: {exc}", file=sys.stderr)
-    caps = probe_capabilities(args.isolation)
+    caps = probe_capabilities(isolation)
     problem = None
-    if args.isolation == "full" and not all(caps[k] for k in ("network", "filesystem", "pid", "seccomp")):
+    if isolation == "full" and not all(caps[k] for k in ("network", "filesystem", "pid", "seccomp")):
         problem = f"full isolation was required but this kernel/user allows only {caps}"
     blocked = blocked_python_paths()
     # Without a mount namespace the interpreter cannot be made readable for another uid; "auto"
     # then keeps the uid (isolation suffers, but the code can import the standard library).
     readable = caps["filesystem"] or not blocked
-    drop = {"auto": caps["root"] and readable, "yes": True, "no": False}[args.drop_privileges]
+    drop = {"auto": caps["root"] and readable, "yes": True, "no": False}[drop_privileges]
     if drop and not caps["root"]:
         problem = "dropping privileges to a per-call uid needs root"
     caps["uid"] = bool(drop)
     caps["python_readable"] = readable
-    for name in filter(None, args.preload.split(",")):
+    return caps, problem
+
+
+def _preload(names: str) -> None:
+    """Import the comma-separated modules once, then freeze the heap: everything imported so
+    far is shared copy-on-write with every worker, and the garbage collector must not walk (and
+    so copy) those pages in each of them."""
+    for name in filter(None, names.split(",")):
         try:
             __import__(name)
         except Exception as exc:  # a missing optional module must not stop the sandbox
             print(f"sandbox: preload {name!r} failed: {exc}", file=sys.stderr)
-    # Everything imported so far is shared copy-on-write with every worker: keep the garbage
-    # collector from walking (and so copying) those pages in each of them.
     import gc
 
     gc.collect()
     gc.freeze()
-    hello = {"type": "hello", "pid": os.getpid(), "caps": caps, "error": problem}
-    ctl.sendall(encode_message(hello))
-    if problem:
-        return 2
+
+
+def _reap_exited(children: set[int]) -> None:
+    """Forget the supervisors that have exited (without waiting for the others)."""
+    while children:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+
+
+def _serve_spawn_requests(ctl: socket.socket, caps: dict[str, Any], args: Any) -> set[int]:
+    """Fork supervisors as the host asks until it closes the control socket; the live ones."""
     counter = 0
     children: set[int] = set()
     while True:
-        while children:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                children.clear()
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
+        _reap_exited(children)
         ready, _, _ = select.select([ctl], [], [], 1.0)
         if not ready:
             continue
@@ -1133,21 +1148,25 @@ def zygote_main(argv: list[str]) -> int:
         except OSError:
             data = b""
         if not data:
-            break  # the host closed the pool or died
+            return children  # the host closed the pool or died
         try:
             msg = json.loads(data[_HEADER.size :].decode("utf-8"))
         except ValueError:
             continue
-        if msg.get("type") == "spawn":
-            for _ in range(max(0, min(64, int(msg.get("n", 1))))):
-                uid = args.uid_base + counter % args.uid_count if drop else None
-                counter += 1
-                try:
-                    children.add(_spawn_supervisor(ctl, caps, uid, args.tmpfs_mb))
-                except OSError:
-                    break
-    # The host let go of every worker socket: idle supervisors see EOF and clean up (kill,
-    # reap, remove their work directory). Give them a moment before the hard kill.
+        if msg.get("type") != "spawn":
+            continue
+        for _ in range(max(0, min(64, int(msg.get("n", 1))))):
+            uid = args.uid_base + counter % args.uid_count if caps["uid"] else None
+            counter += 1
+            try:
+                children.add(_spawn_supervisor(ctl, caps, uid, args.tmpfs_mb))
+            except OSError:
+                break
+
+
+def _stop_supervisors(children: set[int]) -> None:
+    """The host let go of every worker socket: idle supervisors see EOF and clean up (kill,
+    reap, remove their work directory). Give them a moment before the hard kill."""
     deadline = time.monotonic() + SHUTDOWN_GRACE_S
     while children and time.monotonic() < deadline:
         try:
@@ -1163,6 +1182,22 @@ def zygote_main(argv: list[str]) -> int:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def zygote_main(argv: list[str]) -> int:
+    args = _zygote_arguments(argv)
+    ctl = socket.socket(fileno=args.control_fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Not dumpable (inherited by every fork): a process of the same uid -- the code, where no
+    # per-call uid is dropped to -- cannot ptrace these processes or open their descriptors
+    # through /proc.
+    _c().prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
+    caps, problem = _zygote_capabilities(args.isolation, args.drop_privileges)
+    _preload(args.preload)
+    ctl.sendall(encode_message({"type": "hello", "pid": os.getpid(), "caps": caps, "error": problem}))
+    if problem:
+        return 2
+    _stop_supervisors(_serve_spawn_requests(ctl, caps, args))
     return 0
 
 

@@ -122,10 +122,7 @@ class _Worker:
         """SIGKILL the executor (with a PID namespace: everything the code started)."""
         _send_signal(self.pidfd, self.executor_pid, signal.SIGKILL)
         if not self.caps.get("pid") and self.executor_pid is not None:
-            try:
-                os.killpg(self.executor_pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _zygote.kill_group(self.executor_pid)
 
     def kill(self) -> None:
         """Kill the supervisor too (it takes its executor along)."""
