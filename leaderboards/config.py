@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from relax_gym.registration import episode_seed, make, make_suite, spec
 
@@ -124,19 +124,22 @@ def canonical_hash(obj: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def plan(
-    *,
-    agent: dict[str, Any],
-    sampling: dict[str, Any],
-    suite: str | None = None,
-    env_ids: list[str] | None = None,
-    episodes: int | None = None,
-    attempts: int = 1,
-    seed: int | None = None,
-    max_turns: int | None = None,
-    env_kwargs: dict[str, dict[str, Any]] | None = None,
-) -> EvalConfig:
+class EvalTarget(TypedDict, total=False):
+    """What to evaluate: a suite or env ids, and how much (the keywords of :func:`plan`)."""
+
+    suite: str | None
+    env_ids: list[str] | None
+    episodes: int | None  # per env (default: the suite's, else 10)
+    attempts: int  # per episode (default 1)
+    seed: int | None  # base seed (default: the suite's, else 0)
+    max_turns: int | None  # cap on each env's turn limit
+    env_kwargs: dict[str, dict[str, Any]] | None  # extra constructor kwargs by env id
+
+
+def plan(*, agent: dict[str, Any], sampling: dict[str, Any], **target: Unpack[EvalTarget]) -> EvalConfig:
     """Resolve a suite (or a list of env ids) into a config: env versions, kwargs, seeds."""
+    suite, episodes, seed = target.get("suite"), target.get("episodes"), target.get("seed")
+    attempts, max_turns = target.get("attempts", 1), target.get("max_turns")
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
     kwargs_by_env: dict[str, dict[str, Any]] = {}
@@ -147,6 +150,7 @@ def plan(
         n = episodes if episodes is not None else s.episodes_per_env
         base_seed = s.seed if seed is None else seed
     else:
+        env_ids = target.get("env_ids")
         if not env_ids:
             raise ValueError("give a suite or at least one env id")
         ids = list(dict.fromkeys(env_ids))
@@ -154,7 +158,7 @@ def plan(
         base_seed = seed or 0
     if n < 1:
         raise ValueError("episodes must be >= 1")
-    for env_id, kw in (env_kwargs or {}).items():
+    for env_id, kw in (target.get("env_kwargs") or {}).items():
         kwargs_by_env.setdefault(env_id, {}).update(kw)
     envs = [describe_env(e, kwargs_by_env.get(e, {}), max_turns) for e in ids]
     return EvalConfig(
@@ -169,4 +173,4 @@ def plan(
     )
 
 
-__all__ = ["CONFIG_SCHEMA", "EnvInfo", "EvalConfig", "canonical_hash", "describe_env", "plan"]
+__all__ = ["CONFIG_SCHEMA", "EnvInfo", "EvalConfig", "EvalTarget", "canonical_hash", "describe_env", "plan"]

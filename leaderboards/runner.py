@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from relax_gym.core import EpisodeGuard
 from relax_gym.errors import RelaxGymError
@@ -40,7 +40,7 @@ from relax_gym.types import Message
 
 from . import baselines as baselines_mod
 from .agents import Agent, AgentError, EpisodeInfo, FatalAgentError
-from .config import EvalConfig
+from .config import EvalConfig, EvalTarget
 from .records import (
     EpisodeKeyTuple,
     EpisodeRecord,
@@ -408,22 +408,17 @@ async def run_eval(
     out: str | Path,
     *,
     options: Any = None,
-    suite: str | None = None,
-    env_ids: list[str] | None = None,
-    episodes: int | None = None,
-    attempts: int = 1,
-    seed: int | None = None,
-    max_turns: int | None = None,
-    env_kwargs: dict[str, dict[str, Any]] | None = None,
     concurrency: int = 8,
     resume: bool = False,
     progress: bool = True,
     baselines_file: str | Path | None = None,
     label: str | None = None,
+    **target: Unpack[EvalTarget],
 ) -> RunResult:
     """The whole ``relax-gym eval`` flow: build and start the agent, plan, run, score.
 
-    ``options`` is an :class:`~relax_gym.leaderboards.agents.AgentOptions` (defaults when None).
+    ``options`` is an :class:`~relax_gym.leaderboards.agents.AgentOptions` (defaults when None);
+    ``target`` (suite or env_ids, episodes, attempts...) goes to :func:`~.config.plan`.
     """
     from .agents import AgentOptions, make_agent
     from .config import plan
@@ -433,18 +428,7 @@ async def run_eval(
     try:
         await agent.start()
         sampling = options.sampling_config() if agent.uses_sampling else {"seed": options.seed}
-        config = await asyncio.to_thread(
-            plan,
-            agent=agent.describe(),
-            sampling=sampling,
-            suite=suite,
-            env_ids=env_ids,
-            episodes=episodes,
-            attempts=attempts,
-            seed=seed,
-            max_turns=max_turns,
-            env_kwargs=env_kwargs,
-        )
+        config = await asyncio.to_thread(plan, agent=agent.describe(), sampling=sampling, **target)
         if label:
             config.extra["label"] = label
         return await EvalRunner(
