@@ -36,10 +36,10 @@ from relax_gym.core import EpisodeGuard
 from relax_gym.errors import RelaxGymError
 from relax_gym.registration import make
 from relax_gym.transcript import MediaWriter, message_to_record
-from relax_gym.types import Message
+from relax_gym.types import Message, Observation
 
 from . import baselines as baselines_mod
-from .agents import Agent, AgentError, EpisodeInfo, FatalAgentError
+from .agents import Agent, AgentError, AgentSession, EpisodeInfo, FatalAgentError, TurnResult
 from .config import EvalConfig, EvalTarget
 from .records import (
     EpisodeKeyTuple,
@@ -103,6 +103,73 @@ def _invalid_in_step(info: dict[str, Any]) -> int:
     if info.get("invalid_action"):
         return 1
     return 1 if info.get("well_formed") is False else 0
+
+
+@dataclass
+class _EpisodeLog:
+    """What an episode gathers besides its record's counters: transcript, steps, sums."""
+
+    transcript: list[tuple[Message, dict[str, Any]]] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    media_sent: Counter[str] = field(default_factory=Counter)
+    components: Counter[str] = field(default_factory=Counter)
+    invalid_steps: int = 0
+
+    def observe(self, obs: Observation) -> None:
+        self.transcript += [(m, {}) for m in obs.messages]
+
+    def add_turn(self, rec: EpisodeRecord, turn: TurnResult) -> None:
+        """The agent's turn: usage and call counts on the record, its message in the transcript."""
+        rec.prompt_tokens += turn.prompt_tokens
+        rec.completion_tokens += turn.completion_tokens
+        self.media_sent.update(turn.media_sent)
+        rec.tool_calls += len(turn.action.tool_calls)
+        rec.parse_errors += len(turn.action.parse_errors)
+        extra: dict[str, Any] = {"reasoning": turn.reasoning} if turn.reasoning else {}
+        if turn.action.parse_errors:
+            extra["parse_errors"] = list(turn.action.parse_errors)
+        self.transcript.append((turn.message, extra))
+
+    def add_step(
+        self, rec: EpisodeRecord, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]
+    ) -> None:
+        """The env's step: turn count and return on the record, the step's info in the log."""
+        rec.turns += 1
+        rec.return_ += float(reward)
+        self.components.update(info.get("reward_components", {}))
+        self.invalid_steps += _invalid_in_step(info)
+        self.steps.append(
+            {
+                "turn": rec.turns,
+                "reward": float(reward),
+                "terminated": terminated,
+                "truncated": truncated,
+                "info": _jsonable(info),
+            }
+        )
+
+
+async def _play(
+    env: EpisodeGuard, session: AgentSession, obs: Observation, rec: EpisodeRecord, log: _EpisodeLog
+) -> None:
+    """Alternate agent turns and env steps until the episode ends; success and invalid actions
+    come from the last step's info."""
+    info: dict[str, Any] = {}
+    for _ in range(env.max_turns):
+        turn = await session.act(obs)
+        log.add_turn(rec, turn)
+        obs, reward, terminated, truncated, info = await env.astep(turn.action)
+        log.add_step(rec, reward, terminated, truncated, info)
+        log.observe(obs)
+        if terminated or truncated:
+            rec.terminated, rec.truncated = terminated, truncated
+            break
+    else:  # EpisodeGuard truncates at max_turns, so this means a broken guard
+        raise RelaxGymError(f"{rec.env_id}: the episode did not end within {env.max_turns} turns")
+    rec.success = bool(info.get("success", False))
+    counted = info.get("invalid_actions")
+    own_count = isinstance(counted, int) and not isinstance(counted, bool)
+    rec.invalid_actions = int(counted) if own_count else log.invalid_steps
 
 
 class EvalRunner:
@@ -172,68 +239,20 @@ class EvalRunner:
 
     # -- one episode ------------------------------------------------------------------------------
     async def _episode(self, pool: _EnvPool, media: MediaWriter, key: EpisodeKeyTuple, index: int) -> EpisodeRecord:
+        """Play one episode; an agent or env failure ends it with an error on its record."""
         env_id, seed, attempt = key
-        info_env = self.config.env(env_id)
-        rec = EpisodeRecord(  # type: ignore[call-arg]  # mypy sees only the alias "return"; it defaults to 0
-            env_id=env_id,
-            env_version=info_env.version,
-            env_kwargs=info_env.kwargs,
-            seed=seed,
-            index=index,
-            attempt=attempt,
-            agent=str(self.config.agent.get("spec", "")),
-        )
+        rec = self._new_record(key, index)
+        log = _EpisodeLog()
         t0 = time.perf_counter()
-        transcript: list[tuple[Message, dict[str, Any]]] = []
-        steps: list[dict[str, Any]] = []
-        media_sent: Counter[str] = Counter()
-        components: Counter[str] = Counter()
         healthy = True
         session = None
         env = await pool.acquire(env_id)
         try:
             obs, _ = await env.areset(seed=seed)
-            transcript += [(m, {}) for m in obs.messages]
+            log.observe(obs)
             episode = EpisodeInfo.create(env_id, seed, attempt, int(self.config.sampling.get("seed", 0)))
             session = self.agent.session(env, episode)
-            info: dict[str, Any] = {}
-            invalid_steps = 0
-            for _ in range(env.max_turns):
-                turn = await session.act(obs)
-                rec.prompt_tokens += turn.prompt_tokens
-                rec.completion_tokens += turn.completion_tokens
-                media_sent.update(turn.media_sent)
-                rec.tool_calls += len(turn.action.tool_calls)
-                rec.parse_errors += len(turn.action.parse_errors)
-                extra: dict[str, Any] = {"reasoning": turn.reasoning} if turn.reasoning else {}
-                if turn.action.parse_errors:
-                    extra["parse_errors"] = list(turn.action.parse_errors)
-                transcript.append((turn.message, extra))
-                obs, reward, terminated, truncated, info = await env.astep(turn.action)
-                rec.turns += 1
-                rec.return_ += float(reward)
-                components.update(info.get("reward_components", {}))
-                invalid_steps += _invalid_in_step(info)
-                steps.append(
-                    {
-                        "turn": rec.turns,
-                        "reward": float(reward),
-                        "terminated": terminated,
-                        "truncated": truncated,
-                        "info": _jsonable(info),
-                    }
-                )
-                transcript += [(m, {}) for m in obs.messages]
-                if terminated or truncated:
-                    rec.terminated, rec.truncated = terminated, truncated
-                    break
-            else:  # EpisodeGuard truncates at max_turns, so this means a broken guard
-                raise RelaxGymError(f"{env_id}: the episode did not end within {env.max_turns} turns")
-            rec.success = bool(info.get("success", False))
-            counted = info.get("invalid_actions")
-            rec.invalid_actions = (
-                int(counted) if isinstance(counted, int) and not isinstance(counted, bool) else invalid_steps
-            )
+            await _play(env, session, obs, rec, log)
         except FatalAgentError:
             healthy = False
             raise
@@ -250,11 +269,24 @@ class EvalRunner:
                 await session.aclose()
             pool.release(env_id, env, healthy)
         rec.success = rec.success and rec.error is None
-        rec.reward_components = {k: float(v) for k, v in sorted(components.items())}
-        rec.media_sent = dict(sorted(media_sent.items()))
+        rec.reward_components = {k: float(v) for k, v in sorted(log.components.items())}
+        rec.media_sent = dict(sorted(log.media_sent.items()))
         rec.wall_s = round(time.perf_counter() - t0, 4)
-        rec.transcript = await asyncio.to_thread(self._write_transcript, media, rec, transcript, steps)
+        rec.transcript = await asyncio.to_thread(self._write_transcript, media, rec, log.transcript, log.steps)
         return rec
+
+    def _new_record(self, key: EpisodeKeyTuple, index: int) -> EpisodeRecord:
+        env_id, seed, attempt = key
+        info_env = self.config.env(env_id)
+        return EpisodeRecord(  # type: ignore[call-arg]  # mypy sees only the alias "return"; it defaults to 0
+            env_id=env_id,
+            env_version=info_env.version,
+            env_kwargs=info_env.kwargs,
+            seed=seed,
+            index=index,
+            attempt=attempt,
+            agent=str(self.config.agent.get("spec", "")),
+        )
 
     def _write_transcript(
         self,

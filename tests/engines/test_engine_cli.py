@@ -32,9 +32,11 @@ SERVE_ARGV = [
 def test_every_serve_option_has_a_flag_that_reaches_it() -> None:
     options = serve_options(_parse(SERVE_ARGV))
     defaults = EmbeddedOptions(model="default-model")
-    unchanged = [f.name for f in dataclasses.fields(EmbeddedOptions) if getattr(options, f.name) == getattr(defaults, f.name)]
+    fields = [f.name for f in dataclasses.fields(EmbeddedOptions)]
+    unchanged = [name for name in fields if getattr(options, name) == getattr(defaults, name)]
     assert unchanged == []
-    assert (options.max_request_bytes, options.max_buffered_bytes, options.max_image_bytes) == (1 << 20, 3 << 20, 4 << 20)
+    assert options.max_request_bytes == 1 << 20 and options.max_weight_request_bytes == 2 << 20
+    assert options.max_buffered_bytes == 3 << 20 and options.max_image_bytes == 4 << 20
     assert (options.body_timeout_s, options.shutdown_grace_s, options.logprob_mode) == (8.0, 15.0, "raw")
 
 
