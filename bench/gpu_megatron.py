@@ -45,16 +45,6 @@ QWEN3_06B = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
-TINY_QWEN3 = dict(
-    QWEN3_06B,
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-)
 # Qwen3-VL-2B-shaped language model, shortened to 8 layers, with a 6-block vision tower.
 QWEN3VL_SMALL = {
     "text_config": {
@@ -92,41 +82,29 @@ QWEN3VL_SMALL = {
     "vision_end_token_id": 151653,
     "tie_word_embeddings": True,
 }
-TINY_QWEN3VL = {
-    "text_config": dict(
+# --dry-run-cpu: the same shapes, shrunk (one set of tiny text sizes for both models).
+_TINY_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY_QWEN3 = dict(QWEN3_06B, **_TINY_TEXT, vocab_size=512, num_hidden_layers=2, head_dim=16)
+TINY_QWEN3VL = dict(
+    QWEN3VL_SMALL,
+    text_config=dict(
         QWEN3VL_SMALL["text_config"],
-        vocab_size=151936,
-        hidden_size=64,
-        intermediate_size=128,
+        **_TINY_TEXT,
         num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=32,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 5e5,
-            "mrope_section": [6, 5, 5],
-            "mrope_interleaved": True,
-        },
+        rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [6, 5, 5], "mrope_interleaved": True},
     ),
-    "vision_config": {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": 64,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "deepstack_visual_indexes": [0, 1],
-        "num_position_embeddings": 64,
-    },
-    "image_token_id": 151655,
-    "video_token_id": 151656,
-    "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653,
-    "tie_word_embeddings": True,
-}
+    vision_config=dict(
+        QWEN3VL_SMALL["vision_config"],
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        out_hidden_size=64,
+        deepstack_visual_indexes=[0, 1],
+        num_position_embeddings=64,
+    ),
+)
 
 
 def _sync() -> None:
