@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import json
 import ssl
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -309,6 +309,7 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 
 Transport = Literal["auto", "httpx", "aiohttp"]
+_Reply = TypeVar("_Reply", bound=BaseModel)
 
 
 def _aiohttp_available() -> bool:
@@ -478,18 +479,20 @@ class EngineClient:
 
     # -- generation ---------------------------------------------------------------------------
     async def generate(self, request: GenerateRequest, *, timeout_s: float | None = None) -> GenerateResponse:
-        data = await self._request("POST", "/generate", request, timeout_s=timeout_s)
-        try:
-            return GenerateResponse.model_validate(data)
-        except ValidationError as exc:
-            raise EngineError(self.base_url + "/generate", f"unparseable reply: {exc}") from None
+        return await self._post_parsed("/generate", request, GenerateResponse, timeout_s)
 
     async def chat_completions(self, request: ChatCompletionRequest, *, timeout_s: float | None = None) -> ChatCompletionResponse:
-        data = await self._request("POST", "/v1/chat/completions", request, timeout_s=timeout_s)
+        return await self._post_parsed("/v1/chat/completions", request, ChatCompletionResponse, timeout_s)
+
+    async def _post_parsed(
+        self, path: str, request: BaseModel, reply: type[_Reply], timeout_s: float | None
+    ) -> _Reply:
+        """POST ``request`` and parse the reply as ``reply``; one that does not parse is an EngineError."""
+        data = await self._request("POST", path, request, timeout_s=timeout_s)
         try:
-            return ChatCompletionResponse.model_validate(data)
+            return reply.model_validate(data)
         except ValidationError as exc:
-            raise EngineError(self.base_url + "/v1/chat/completions", f"unparseable reply: {exc}") from None
+            raise EngineError(self.base_url + path, f"unparseable reply: {exc}") from None
 
     # -- health and control -------------------------------------------------------------------
     async def health(self, *, timeout_s: float = 5.0) -> bool:
