@@ -168,8 +168,10 @@ async def _play(
         raise RelaxGymError(f"{rec.env_id}: the episode did not end within {env.max_turns} turns")
     rec.success = bool(info.get("success", False))
     counted = info.get("invalid_actions")
-    own_count = isinstance(counted, int) and not isinstance(counted, bool)
-    rec.invalid_actions = int(counted) if own_count else log.invalid_steps
+    if isinstance(counted, int) and not isinstance(counted, bool):  # the env's own count
+        rec.invalid_actions = int(counted)
+    else:
+        rec.invalid_actions = log.invalid_steps
 
 
 class EvalRunner:
