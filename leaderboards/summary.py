@@ -91,10 +91,36 @@ def build_summary(
     """Score the rows of the planned episodes (others are ignored) into the summary dict."""
     planned = {key for key, _ in config.keys()}
     rows = [r for r in sorted_records(records) if r.key in planned]
+    scores, envs_out = _score_envs(config, rows, baselines)
+    results = {
+        "suite": _suite_scores(config, scores, baselines),
+        "envs": envs_out,
+        "modalities": group_scores(scores, modality_groups(config)),
+        "tool_use": _tool_use(config, rows, scores),
+        "counts": _counts(rows, len(planned)),
+    }
+    complete = len(rows) == len(planned)
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "complete": complete,
+        "agent": config.agent.get("spec", ""),
+        "label": config.extra.get("label") or _model_name(config.agent) or config.agent.get("spec", ""),
+        "config": config.to_dict(),
+        "config_hash": config.hash(),
+        "comparability_key": config.comparability_key(),
+        "versions": {**library_versions(), **dict(versions or {})},
+        "results": results,
+        "run": dict(run or {}),
+    }
+
+
+def _score_envs(
+    config: EvalConfig, rows: list[EpisodeRecord], baselines: Mapping[str, Baseline]
+) -> tuple[dict[str, EnvScore], dict[str, Any]]:
+    """(the score of each env with rows, the summary entry of every planned env)."""
     by_env: dict[str, list[EpisodeRecord]] = {e.env_id: [] for e in config.envs}
     for r in rows:
         by_env[r.env_id].append(r)
-
     scores: dict[str, EnvScore] = {}
     envs_out: dict[str, Any] = {}
     for e in config.envs:
@@ -115,50 +141,42 @@ def build_summary(
             entry.update({"success": None, "normalised": None, "episodes": 0})
         entry.update(_env_stats(env_rows))
         envs_out[e.env_id] = entry
+    return scores, envs_out
 
+
+def _suite_scores(config: EvalConfig, scores: dict[str, EnvScore], baselines: Mapping[str, Baseline]) -> dict[str, Any]:
+    """The suite's aggregate scores: None until every env has been scored."""
     all_scored = [scores[e.env_id] for e in config.envs if e.env_id in scores]
-    complete = len(rows) == len(planned)
-    suite_success = aggregate(all_scored, normalised=False) if len(all_scored) == len(config.envs) else None
-    suite_norm = aggregate(all_scored, normalised=True) if len(all_scored) == len(config.envs) else None
-    tool_envs = [e.env_id for e in config.envs if TOOL_TAG in e.tags]
-    errors = sum(r.error is not None for r in rows)
-    results = {
-        "suite": {
-            "name": config.suite or "custom",
-            "success": suite_success.to_dict() if suite_success else None,
-            "normalised": suite_norm.to_dict() if suite_norm else None,
-            "envs": len(config.envs),
-            "baselines": sorted(baselines),
-        },
-        "envs": envs_out,
-        "modalities": group_scores(scores, modality_groups(config)),
-        "tool_use": {
-            **(
-                group_scores(scores, {"tools": tool_envs}).get("tools")
-                or {"envs": [], "success": None, "normalised": None}
-            ),
-            "tool_calls": sum(r.tool_calls for r in rows),
-            "episodes_with_tool_calls": sum(r.tool_calls > 0 for r in rows),
-        },
-        "counts": {
-            "planned": len(planned),
-            "finished": len(rows) - errors,
-            "errors": errors,
-            "missing": len(planned) - len(rows),
-            "error_types": dict(sorted(Counter(r.error_type or "error" for r in rows if r.error).items())),
-        },
-    }
+    every_env = len(all_scored) == len(config.envs)
+    suite_success = aggregate(all_scored, normalised=False) if every_env else None
+    suite_norm = aggregate(all_scored, normalised=True) if every_env else None
     return {
-        "schema": SUMMARY_SCHEMA,
-        "complete": complete,
-        "agent": config.agent.get("spec", ""),
-        "label": config.extra.get("label") or _model_name(config.agent) or config.agent.get("spec", ""),
-        "config": config.to_dict(),
-        "config_hash": config.hash(),
-        "comparability_key": config.comparability_key(),
-        "versions": {**library_versions(), **dict(versions or {})},
-        "results": results,
-        "run": dict(run or {}),
+        "name": config.suite or "custom",
+        "success": suite_success.to_dict() if suite_success else None,
+        "normalised": suite_norm.to_dict() if suite_norm else None,
+        "envs": len(config.envs),
+        "baselines": sorted(baselines),
+    }
+
+
+def _tool_use(config: EvalConfig, rows: list[EpisodeRecord], scores: dict[str, EnvScore]) -> dict[str, Any]:
+    tool_envs = [e.env_id for e in config.envs if TOOL_TAG in e.tags]
+    group = group_scores(scores, {"tools": tool_envs}).get("tools")
+    return {
+        **(group or {"envs": [], "success": None, "normalised": None}),
+        "tool_calls": sum(r.tool_calls for r in rows),
+        "episodes_with_tool_calls": sum(r.tool_calls > 0 for r in rows),
+    }
+
+
+def _counts(rows: list[EpisodeRecord], planned: int) -> dict[str, Any]:
+    errors = sum(r.error is not None for r in rows)
+    return {
+        "planned": planned,
+        "finished": len(rows) - errors,
+        "errors": errors,
+        "missing": planned - len(rows),
+        "error_types": dict(sorted(Counter(r.error_type or "error" for r in rows if r.error).items())),
     }
 
 
