@@ -570,30 +570,11 @@ def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[
         return _failure(sent)
     if worker.seq > 1:
         worker.continue_runner()  # a session's runner stopped at the end of its previous call
-    killed: str | None = "timeout" if sent == "timeout" else None
     worker.notify({"type": "call", "timeout_s": lim.timeout_s})
-    status_open = True
-    # Output is not watched: each write would wake this thread. The pipes hold 1 MiB; the
-    # tick drains them.
-    while killed is None and not outcome.settled:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            killed = "timeout"
-            break
-        watch = ([worker.fds["status"]] if status_open else []) + [worker.sock]
-        ready, _, _ = select.select(watch, [], [], min(remaining, _DRAIN_TICK_S))
-        if worker.fds["status"] in ready:
-            status_open = _read_status(worker, outcome)
-        if worker.sock in ready:
-            _read_supervisor(worker)
-        _drain(worker.fds["out"], out)
-        _drain(worker.fds["err"], err)
-        if out.total + err.total > lim.output_kill_bytes:
-            killed = "output_limit"
-            break
-        if worker.exited is not None and not outcome.settled:
-            _read_status(worker, outcome)  # the executor's last report, written before it exited
-            break
+    if sent == "timeout":
+        killed: str | None = "timeout"
+    else:
+        killed = _await_report(worker, outcome, out, err, deadline, lim.output_kill_bytes)
     duration = time.monotonic() - start
     session_alive = bool(request.get("session")) and outcome.done is not None and killed is None and outcome.fault is None
     if not session_alive:
@@ -615,6 +596,39 @@ def _call(worker: _Worker, request: dict[str, Any], lim: SandboxLimits) -> dict[
         "duration_s": duration,
         "session_alive": session_alive,
     }
+
+
+def _await_report(
+    worker: _Worker,
+    outcome: _Outcome,
+    out: _zygote.HeadTail,
+    err: _zygote.HeadTail,
+    deadline: float,
+    kill_bytes: int,
+) -> str | None:
+    """Wait for the executor's report while draining the output: None once it reported (or
+    exited), else why the call must be killed (``"timeout"``, ``"output_limit"``)."""
+    status_open = True
+    # Output is not watched: each write would wake this thread. The pipes hold 1 MiB; the
+    # tick drains them.
+    while not outcome.settled:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return "timeout"
+        watch = ([worker.fds["status"]] if status_open else []) + [worker.sock]
+        ready, _, _ = select.select(watch, [], [], min(remaining, _DRAIN_TICK_S))
+        if worker.fds["status"] in ready:
+            status_open = _read_status(worker, outcome)
+        if worker.sock in ready:
+            _read_supervisor(worker)
+        _drain(worker.fds["out"], out)
+        _drain(worker.fds["err"], err)
+        if out.total + err.total > kill_bytes:
+            return "output_limit"
+        if worker.exited is not None and not outcome.settled:
+            _read_status(worker, outcome)  # the executor's last report, written before it exited
+            return None
+    return None
 
 
 def _ending(killed: str | None, outcome: _Outcome, worker: _Worker, cpu_limit: float) -> tuple[int, str | None] | str:
