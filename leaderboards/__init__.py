@@ -2,7 +2,7 @@
 
 * :mod:`~relax_gym.leaderboards.agents` -- agents named by spec strings (``oracle``,
   ``openai:URL``, ``sglang:URL``, ``hf:PATH``, ``python:module:callable``...);
-* :mod:`~relax_gym.leaderboards.runner` -- concurrent, resumable episode runner writing
+* :mod:`~relax_gym.leaderboards.eval_runner` -- concurrent, resumable episode runner writing
   ``episodes.jsonl``, ``summary.json``, transcripts and media files;
 * :mod:`~relax_gym.leaderboards.scoring` -- bootstrap CIs, pass@k / pass^k, normalised scores;
 * :mod:`~relax_gym.leaderboards.store` -- the SQLite results index;
@@ -16,7 +16,7 @@ when they are built.
 from .agents import Agent, AgentOptions, FatalAgentError, ModalityRejected, make_agent
 from .config import EvalConfig, plan
 from .records import EpisodeRecord, read_records
-from .runner import EvalRunner, RunError, RunResult, run_eval
+from .eval_runner import EvalRunner, RunError, RunResult, run_eval
 from .scoring import Baseline, Estimate, pass_at_k, pass_hat_k
 
 __all__ = [

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from .agents import FatalAgentError
-    from .runner import run_eval
+    from .eval_runner import run_eval
 
     if not args.suite and not args.envs:
         return fail("give --suite or at least one --env", 2)

@@ -76,7 +76,7 @@ def make_baselines(
     """Run (or resume) the baseline entries of a board; returns their run folders."""
     from .agents import AgentOptions
     from .boards import get_board
-    from .runner import run_eval
+    from .eval_runner import run_eval
 
     board = get_board(board_name)
     entries = [("random", "random"), ("oracle", "oracle")]

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from relax_gym.rewards.metrics import RewardStats
 from relax_gym.rewards.registry import RewardFn, get_reward
-from relax_gym.rewards.runner import Outcome, run_group, run_sample
+from relax_gym.rewards.safe_call import Outcome, run_group, run_sample
 from relax_gym.rewards.types import RewardInput, RewardResult
 
 

@@ -95,7 +95,7 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, spec, suite in [
         ("oracle", "oracle", "lbtest/mini-v0"),
         ("random", "random", "lbtest/mini-v0"),
-        ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
+        ("echo", "python:tests.leaderboards.test_eval_runner:echo_policy", "lbtest/mini-v0"),
         ("random-v1", "random", "lbtest/mini-v1"),
     ]:
         asyncio.run(

@@ -36,7 +36,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name, spec, suite in [
         ("oracle", "oracle", "lbtest/mini-v0"),
         ("random", "random", "lbtest/mini-v0"),
-        ("echo", "python:tests.leaderboards.test_runner:echo_policy", "lbtest/mini-v0"),
+        ("echo", "python:tests.leaderboards.test_eval_runner:echo_policy", "lbtest/mini-v0"),
         ("random-v1", "random", "lbtest/mini-v1"),
     ]:
         _run(spec, root / name, suite=suite, attempts=2, baselines_file=base, label=name)
@@ -216,7 +216,7 @@ def test_make_baselines_runs_and_indexes_random_and_oracle(
         "--runs-dir",
         str(tmp_path / "base"),
         "--extra-agent",
-        "echo=python:tests.leaderboards.test_runner:echo_policy",
+        "echo=python:tests.leaderboards.test_eval_runner:echo_policy",
         "--db",
         str(db),
     ]

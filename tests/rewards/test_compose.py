@@ -162,10 +162,10 @@ def test_sync_and_async_timeouts_do_not_block(registered) -> None:
 
 
 def test_sync_rewards_run_concurrently(registered, monkeypatch) -> None:
-    from relax_gym.rewards import runner
+    from relax_gym.rewards import safe_call
 
-    workers = runner._DaemonWorkers(limit=8)
-    monkeypatch.setattr(runner, "WORKERS", workers)
+    workers = safe_call._DaemonWorkers(limit=8)
+    monkeypatch.setattr(safe_call, "WORKERS", workers)
     registered("t_quick", lambda s: 0.0)
     RewardComposer(["t_quick"]).score_sync([sample()])  # leaves one idle thread, as a busy process would
     deadline = time.monotonic() + 5
@@ -298,10 +298,10 @@ def test_score_object_carries_details(registered) -> None:
 
 
 def test_stuck_reward_threads_are_capped(registered, monkeypatch) -> None:
-    from relax_gym.rewards import runner
+    from relax_gym.rewards import safe_call
 
-    workers = runner._DaemonWorkers(limit=2)
-    monkeypatch.setattr(runner, "WORKERS", workers)
+    workers = safe_call._DaemonWorkers(limit=2)
+    monkeypatch.setattr(safe_call, "WORKERS", workers)
 
     def hang(s):
         time.sleep(3.0)

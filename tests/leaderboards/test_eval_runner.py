@@ -11,7 +11,7 @@ import pytest
 from relax_gym.leaderboards import AgentOptions, ModalityRejected, RunError, make_agent, plan, run_eval
 from relax_gym.leaderboards.agents import Agent, AgentSession, EpisodeInfo, TurnResult
 from relax_gym.leaderboards.records import read_records
-from relax_gym.leaderboards.runner import EvalRunner
+from relax_gym.leaderboards.eval_runner import EvalRunner
 
 from relax_gym import Action, Message, ToolSpec
 
@@ -180,7 +180,7 @@ def test_episode_errors_are_recorded_counted_and_retried_on_resume(tmp_path: Pat
 class _RejectsImages(Agent):
     """A custom agent (python:...) standing for a text-only model: refuses image observations."""
 
-    spec = "python:tests.leaderboards.test_runner:_RejectsImages"
+    spec = "python:tests.leaderboards.test_eval_runner:_RejectsImages"
 
     def __init__(self, options: AgentOptions) -> None:
         self.options = options
@@ -199,7 +199,7 @@ class _RejectsImages(Agent):
 
 def test_modality_rejection_stops_the_run_and_keeps_finished_rows(tmp_path: Path) -> None:
     res = _run(
-        "python:tests.leaderboards.test_runner:_RejectsImages",
+        "python:tests.leaderboards.test_eval_runner:_RejectsImages",
         tmp_path / "m",
         env_ids=["lbtest/Pick-v0", "lbtest/Picture-v0"],
         episodes=4,
@@ -219,7 +219,7 @@ def echo_policy(messages: list[Message], tools: list[ToolSpec]) -> str:
 
 def test_python_policy_agent(tmp_path: Path) -> None:
     res = _run(
-        "python:tests.leaderboards.test_runner:echo_policy", tmp_path / "p", env_ids=["lbtest/Pick-v0"], episodes=5
+        "python:tests.leaderboards.test_eval_runner:echo_policy", tmp_path / "p", env_ids=["lbtest/Pick-v0"], episodes=5
     )
     assert res.summary["results"]["envs"]["lbtest/Pick-v0"]["success"]["value"] == 1.0
     assert res.summary["config"]["agent"]["spec"].startswith("python:")
@@ -233,7 +233,7 @@ def test_unknown_agents_and_bad_python_targets_fail_clearly() -> None:
     with pytest.raises(FatalAgentError, match="cannot import"):
         make_agent("python:no_such_module_xyz:f")
     with pytest.raises(FatalAgentError, match="no attribute"):
-        make_agent("python:tests.leaderboards.test_runner:nope")
+        make_agent("python:tests.leaderboards.test_eval_runner:nope")
 
 
 def test_split_thinking() -> None:
@@ -247,7 +247,7 @@ def test_split_thinking() -> None:
 
 def test_action_parse_errors_are_counted(tmp_path: Path) -> None:
     res = _run(
-        "python:tests.leaderboards.test_runner:bad_tool_policy",
+        "python:tests.leaderboards.test_eval_runner:bad_tool_policy",
         tmp_path / "b",
         env_ids=["lbtest/Lookup-v0"],
         episodes=2,
