@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -312,6 +312,22 @@ class OptimizerSettings:
 # ------------------------------------------------------------------------------------------------
 # the backend interface
 # ------------------------------------------------------------------------------------------------
+def buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
+    """Group named tensors, in order, into lists of about ``bucket_bytes`` (a larger tensor goes
+    alone): the unit weight sync moves, so no transport needs the whole model at once."""
+    bucket: NamedTensors = []
+    size = 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
 class TrainerBackend(ABC):
     """A model + optimizer that the training loop drives; see the module docstring."""
 
@@ -332,18 +348,8 @@ class TrainerBackend(ABC):
         """The current weights in HF naming (detached; tied duplicates left out)."""
 
     def export_weights(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
-        """:meth:`named_weights` in buckets of about ``bucket_bytes`` (a larger tensor goes alone)."""
-        bucket: NamedTensors = []
-        size = 0
-        for name, tensor in self.named_weights():
-            nbytes = tensor.numel() * tensor.element_size()
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += nbytes
-        if bucket:
-            yield bucket
+        """:meth:`named_weights` in buckets of about ``bucket_bytes`` (what weight sync streams)."""
+        return buckets(self.named_weights(), bucket_bytes)
 
     @abstractmethod
     def save_pretrained(self, path: str | Path) -> Path:
@@ -373,5 +379,6 @@ __all__ = [
     "PolicyObjective",
     "SequenceBatch",
     "TrainerBackend",
+    "buckets",
     "micro_batches",
 ]
