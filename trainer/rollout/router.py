@@ -10,9 +10,14 @@ again, after bringing them to the current weights.
 
 Weight updates: :meth:`EngineRouter.pause` stops new requests and (mode ``abort``) makes the
 engines return in-flight requests with ``finish_reason=abort`` and the tokens generated so far;
-the manager keeps those tokens and resumes them after :meth:`EngineRouter.resume`. New engines
-get the current weights (:meth:`EngineRouter.update_weights_from_disk` records them) and are
-checked through ``/get_model_info`` before they take traffic.
+the manager keeps those tokens and resumes them after :meth:`EngineRouter.resume`. New and
+revived engines get the current weights before they take traffic -- through the ``weight_sync``
+hook (the trainer's publisher, :mod:`relax_gym.trainer.weights`), else from the folder
+:meth:`EngineRouter.update_weights_from_disk` recorded -- and are checked through
+``/get_model_info``. A publisher drives a sync through a small API: :meth:`~EngineRouter.live_engines`,
+:meth:`~EngineRouter.paused_for_update`, :meth:`~EngineRouter.set_current_weights`,
+:meth:`~EngineRouter.confirm_weights`, :meth:`~EngineRouter.probe_engines` and
+:meth:`~EngineRouter.mark_unhealthy`.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ from relax_gym.protocol import (
 log = logging.getLogger(__name__)
 
 EngineState = Literal["syncing", "ready", "draining", "unhealthy", "removed"]
+#: ``hook(handle, version)`` brings one engine to the current weights (e.g. the trainer pushing them)
+WeightSyncHook = Callable[["EngineHandle", str], Awaitable[object]]
+#: ``listener(event, url)`` with event ``"added"`` or ``"removed"`` (keeps another router in step)
+ChangeListener = Callable[[str, str], Awaitable[object]]
 
 
 class NoEngineAvailable(RelaxGymError):
@@ -148,7 +157,8 @@ class EngineRouter:
         max_connections: int = 256,
         connections_per_shard: int = 16,
         client_factory: Callable[[str, int], EngineClient] | None = None,
-        weight_sync: Callable[[EngineHandle, str], Awaitable[None]] | None = None,
+        weight_sync: WeightSyncHook | None = None,
+        on_change: ChangeListener | None = None,
         close_grace_s: float = 10.0,
     ) -> None:
         self._initial_urls = list(urls)
@@ -171,6 +181,7 @@ class EngineRouter:
         self._per_shard = per_shard
         # brings a new or revived engine to the current weights; default: update_weights_from_disk
         self.weight_sync = weight_sync
+        self.on_change = on_change
         self._engines: dict[str, EngineHandle] = {}
         self._bindings: dict[str, EngineHandle] = {}  # session -> engine
         self._ids = itertools.count()
@@ -342,9 +353,11 @@ class EngineRouter:
             handle.probe = asyncio.create_task(handle.client.health(timeout_s=self.health_timeout_s))
         alive = await asyncio.shield(handle.probe)
         if not alive and handle.state in ("ready", "draining", "syncing"):
-            self._mark_unhealthy(handle, error)
+            self.mark_unhealthy(handle, error)
 
-    def _mark_unhealthy(self, handle: EngineHandle, error: str) -> None:
+    def mark_unhealthy(self, handle: EngineHandle, error: str) -> None:
+        """Take an engine out of service (its sessions move elsewhere); the health loop revives it,
+        current weights first, once it answers again."""
         if handle.state == "removed":  # a call that raced the removal: nothing to mark
             return
         log.warning("engine %s (%s) is unhealthy: %s", handle.id, handle.url, error)
@@ -385,7 +398,7 @@ class EngineRouter:
         for handle, ok in zip(handles, results, strict=True):
             handle.missed_health = 0 if ok else handle.missed_health + 1
             if not ok and handle.state in ("ready", "draining") and handle.missed_health >= self.unhealthy_after:
-                self._mark_unhealthy(handle, f"{handle.missed_health} health checks in a row failed")
+                self.mark_unhealthy(handle, f"{handle.missed_health} health checks in a row failed")
                 changed = True
             elif ok and handle.state == "unhealthy" and handle.id in self._engines:
                 try:
@@ -403,20 +416,29 @@ class EngineRouter:
             await self._notify()
 
     # -- weights ------------------------------------------------------------------------------------
+    def set_weight_sync(self, hook: WeightSyncHook | None) -> None:
+        """Use ``hook(handle, version)`` to bring new and revived engines to the current weights."""
+        self.weight_sync = hook
+
     async def _bring_to_current_weights(self, handle: EngineHandle) -> None:
         """Bring ``handle`` to the current weights and verify ``/get_model_info`` reports the current
         version. The sync is the ``weight_sync`` hook when one was given (e.g. the trainer pushing
-        tensors), else ``/update_weights_from_disk`` with the recorded checkpoint."""
+        tensors), else ``/update_weights_from_disk`` with the recorded checkpoint. A version
+        published while the push ran is pushed again (up to three pushes)."""
         info = await handle.client.model_info()
-        if self.weight_version is not None and info.weight_version != self.weight_version:
+        for _ in range(3):
+            wanted = self.weight_version
+            if wanted is None or info.weight_version == wanted:
+                break
             if self.weight_sync is not None:
-                await self.weight_sync(handle, self.weight_version)
+                await self.weight_sync(handle, wanted)
             elif self.weights_path is not None:
                 await handle.client.update_weights_from_disk(
-                    UpdateWeightsFromDiskRequest(model_path=self.weights_path, weight_version=self.weight_version)
-                )
+                    UpdateWeightsFromDiskRequest(model_path=self.weights_path, weight_version=wanted))
             info = await handle.client.model_info()
             self.events["weight_syncs"] += 1
+            if self.weight_version == wanted:
+                break  # nothing newer landed meanwhile: the check below is final
         if self.weight_version is not None and info.weight_version != self.weight_version:
             raise WeightSyncError(
                 f"engine {handle.id} reports weight version {info.weight_version!r}, expected {self.weight_version!r}"
@@ -424,12 +446,47 @@ class EngineRouter:
             )
         handle.weight_version = info.weight_version
 
-    def set_current_weights(self, weight_version: str | int, model_path: str | None = None) -> None:
-        """Record the weights every engine should serve (for engines added or revived later) when
-        the caller updated the live engines itself, e.g. through the ``weight_sync`` hook."""
+    def set_current_weights(self, weight_version: str | int, model_path: str | None = None, *,
+                            served: bool = False) -> None:
+        """Record the weights every engine should serve: engines added or revived later are brought
+        to them (``model_path``, when given, is an HF folder they can be loaded from). ``served``:
+        the caller has made every live engine serve them (shown in :meth:`list_engines`)."""
         self.weight_version = str(weight_version)
         if model_path is not None:
             self.weights_path = model_path
+        if served:
+            for handle in self.live():
+                handle.weight_version = self.weight_version
+
+    async def confirm_weights(self, handles: Sequence[EngineHandle],
+                              weight_version: str | int) -> dict[EngineHandle, str]:
+        """Check each engine's ``/get_model_info`` after an update. Those reporting ``weight_version``
+        are recorded as serving it; the others come back with why, for the caller to retry or
+        :meth:`mark_unhealthy` (an engine must never serve old or half-loaded weights)."""
+        version = str(weight_version)
+
+        async def check(handle: EngineHandle) -> str | None:
+            try:
+                reported = (await handle.client.model_info()).weight_version
+            except EngineError as exc:
+                return f"weight check failed: {exc}"
+            if reported != version:
+                return f"reports weight version {reported!r} after the update, expected {version!r}"
+            handle.weight_version = version
+            self.events["weight_syncs"] += 1
+            return None
+
+        problems = await asyncio.gather(*(check(h) for h in handles))
+        return {h: why for h, why in zip(handles, problems, strict=True) if why is not None}
+
+    async def probe_engines(self, handles: Sequence[EngineHandle], error: str) -> list[EngineHandle]:
+        """After a failed call that cannot be pinned on one engine: ping each once and mark the
+        silent ones unhealthy now (without waiting for the health loop). Returns those alive."""
+        alive = await asyncio.gather(*(h.client.health(timeout_s=self.health_timeout_s) for h in handles))
+        for handle, ok in zip(handles, alive, strict=True):
+            if not ok and handle.state in ("ready", "draining", "syncing"):
+                self.mark_unhealthy(handle, error)
+        return [h for h, ok in zip(handles, alive, strict=True) if ok]
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | int) -> None:
         """Load a checkpoint into every live engine and record it for engines added later.
@@ -438,24 +495,22 @@ class EngineRouter:
         marked unhealthy (the health loop retries it with the recorded checkpoint).
         """
         version = str(weight_version)
+        request = UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=version)
         async with self._sync_lock:
-            self.weights_path, self.weight_version = model_path, version
+            self.set_current_weights(version, model_path)
             targets = self.live()
-
-            async def one(handle: EngineHandle) -> None:
-                try:
-                    await handle.client.update_weights_from_disk(
-                        UpdateWeightsFromDiskRequest(model_path=model_path, weight_version=version)
-                    )
-                    info = await handle.client.model_info()
-                    if info.weight_version != version:
-                        raise WeightSyncError(f"reports {info.weight_version!r} after the update")
-                    handle.weight_version = version
-                    self.events["weight_syncs"] += 1
-                except (EngineError, WeightSyncError) as exc:
-                    self._mark_unhealthy(handle, f"weight update failed: {exc}")
-
-            await asyncio.gather(*(one(h) for h in targets))
+            results = await asyncio.gather(*(h.client.update_weights_from_disk(request) for h in targets),
+                                           return_exceptions=True)
+            loaded = []
+            for handle, res in zip(targets, results, strict=True):
+                if isinstance(res, EngineError):
+                    self.mark_unhealthy(handle, f"weight update failed: {res}")
+                elif isinstance(res, BaseException):
+                    raise res
+                else:
+                    loaded.append(handle)
+            for handle, why in (await self.confirm_weights(loaded, version)).items():
+                self.mark_unhealthy(handle, why)
         await self._notify()
 
     # -- pause / abort ------------------------------------------------------------------------------
@@ -467,7 +522,7 @@ class EngineRouter:
         results = await asyncio.gather(*(h.client.pause_generation(mode) for h in targets), return_exceptions=True)
         for handle, res in zip(targets, results, strict=True):
             if isinstance(res, EngineError):
-                self._mark_unhealthy(handle, f"pause failed: {res}")
+                self.mark_unhealthy(handle, f"pause failed: {res}")
 
     async def resume(self) -> None:
         """Continue generation on every engine and let requests flow again."""
@@ -475,7 +530,7 @@ class EngineRouter:
         results = await asyncio.gather(*(h.client.continue_generation() for h in targets), return_exceptions=True)
         for handle, res in zip(targets, results, strict=True):
             if isinstance(res, EngineError):
-                self._mark_unhealthy(handle, f"continue failed: {res}")
+                self.mark_unhealthy(handle, f"continue failed: {res}")
         self._running.set()
         await self._notify()
 
@@ -516,6 +571,8 @@ class EngineRouter:
         handle.state = "ready"
         self.events["added"] += 1
         await self._notify()
+        if self.on_change is not None:
+            await self.on_change("added", handle.url)
         return handle
 
     async def remove_engine(self, engine_id: str, *, drain: bool = True, wait: bool = True,
@@ -531,10 +588,12 @@ class EngineRouter:
            :class:`EngineClosed` (an :class:`EngineUnavailable`), never a closed-client crash.
 
         Removing an engine that is already being removed joins that removal. With
-        ``wait=False`` the removal runs in the background and this returns at once.
+        ``wait=False`` the removal runs in the background and this returns at once. The
+        ``on_change`` listener hears of a removal this call started (after it, with ``wait``).
         """
         handle = self._engines.get(engine_id)
         task = self._removals.get(engine_id)
+        started = task is None
         if task is None:
             if handle is None:
                 raise KeyError(engine_id)
@@ -549,6 +608,8 @@ class EngineRouter:
             task.add_done_callback(lambda _t: self._removals.pop(engine_id, None))
         if wait:
             await asyncio.shield(task)
+        if started and handle is not None and self.on_change is not None:
+            await self.on_change("removed", handle.url)
 
     async def _remove(self, handle: EngineHandle, timeout_s: float | None) -> None:
         try:
@@ -574,10 +635,12 @@ class EngineRouter:
 
 
 __all__ = [
+    "ChangeListener",
     "EngineHandle",
     "EngineRouter",
     "EngineState",
     "NoEngineAvailable",
     "WeightSyncError",
+    "WeightSyncHook",
     "parse_weight_version",
 ]
