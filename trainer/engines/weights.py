@@ -1,19 +1,21 @@
-"""Weight transport between a trainer and engines: in-memory tensors and a gloo broadcast group.
+"""The engine's side of weight transport, and the wire pieces both sides share.
 
-Two paths besides ``/update_weights_from_disk``:
+The trainer's side -- the transports and the publisher -- is :mod:`relax_gym.trainer.weights`.
+What lives here is what the engine needs to receive weights, plus what both ends must agree on:
 
 * **In memory** (``POST /update_weights_from_tensor``, for a trainer on the same host): SGLang's
   request shape (``serialized_named_tensors``, ``load_format``, ``flush_cache``,
   ``abort_all_requests``, ``weight_version``), but each item is the base64 text of a
-  *safetensors* blob holding some named tensors, and ``load_format`` must be ``"safetensors"``.
-  SGLang's own items are pickles carrying CUDA IPC handles; unpickling request bodies would let a
-  caller run code, so the embedded engine refuses them.
+  *safetensors* blob holding some named tensors (:func:`encode_named_tensors` /
+  :func:`decode_named_tensors`), and ``load_format`` must be ``"safetensors"``. SGLang's own
+  items are pickles carrying CUDA IPC handles; unpickling request bodies would let a caller run
+  code, so the embedded engine refuses them.
 * **Distributed** (``/init_weights_update_group`` + ``/update_weights_from_distributed``): the
   trainer is rank 0 of a dedicated process group and broadcasts each tensor, in the order the
-  request lists them, to every engine rank. The group is built directly on a ``TCPStore`` (no
-  default process group is touched on either side), so a trainer that already runs its own
-  ``torch.distributed`` world can still open it. The embedded engine joins over gloo;
-  :class:`WeightBroadcaster` is the sender side.
+  request lists them, to every engine rank. The group is built directly on a ``TCPStore``
+  (:func:`new_process_group`; no default process group is touched on either side), so a trainer
+  that already runs its own ``torch.distributed`` world can still open it. The embedded engine
+  joins over gloo (:class:`WeightReceiver`).
 """
 
 from __future__ import annotations
@@ -25,22 +27,18 @@ import concurrent.futures
 import datetime as _dt
 import json
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import torch
 import torch.distributed as dist
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.protocol import (
-    EngineClient,
-    EngineError,
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDistributedRequest,
     UpdateWeightsFromTensorRequest,
-    UpdateWeightsResponse,
 )
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -128,52 +126,6 @@ def decode_named_tensors(item: str) -> NamedTensors:
     return out
 
 
-def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[NamedTensors]:
-    """Group tensors into lists of about ``bucket_bytes`` (a tensor larger than that goes alone)."""
-    bucket: NamedTensors = []
-    size = 0
-    for name, t in named:
-        nbytes = t.numel() * t.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        yield bucket
-
-
-async def push_weights_from_tensor(
-    base_url: str,
-    named: Iterable[tuple[str, torch.Tensor]],
-    *,
-    weight_version: str | None = None,
-    api_key: str | None = None,
-    bucket_bytes: int = 256 << 20,
-    timeout_s: float = 600.0,
-) -> int:
-    """Send weights to one engine over ``/update_weights_from_tensor``, bucket by bucket.
-
-    Only the last bucket carries ``weight_version``, so the version flips once every tensor is in.
-    Returns the number of buckets sent.
-    """
-    groups = list(buckets(named, bucket_bytes))
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s) as http:
-        for i, group in enumerate(groups):
-            req = UpdateWeightsFromTensorRequest(
-                serialized_named_tensors=[encode_named_tensors(group)],
-                weight_version=weight_version if i == len(groups) - 1 else None,
-            )
-            resp = await http.post("/update_weights_from_tensor", json=req.model_dump(exclude_none=True))
-            if resp.status_code >= 400:
-                raise EngineError(base_url + "/update_weights_from_tensor", resp.text[:500], resp.status_code)
-            body = UpdateWeightsResponse.model_validate(resp.json())
-            if not body.success:
-                raise EngineError(base_url + "/update_weights_from_tensor", body.message)
-    return len(groups)
-
-
 # ------------------------------------------------------------------------------------------------
 # process groups without a default group
 # ------------------------------------------------------------------------------------------------
@@ -257,13 +209,13 @@ class WeightGroupError(RelaxGymError, RuntimeError):
 
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     """torch's distributed errors carry a C++ stack trace after the first line; keep the cause."""
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:300]
 
 
-def _start_daemon(fn: Callable[[], None], name: str) -> concurrent.futures.Future[None]:
+def start_daemon(fn: Callable[[], None], name: str) -> concurrent.futures.Future[None]:
     """Run ``fn`` in a daemon thread: a thread stuck in a rendezvous or collective can neither
     block the event loop nor keep the process alive at exit."""
     fut: concurrent.futures.Future[None] = concurrent.futures.Future()
@@ -397,7 +349,7 @@ class WeightReceiver:
         self._check_join(req)
         ticket = self._reserve_join(req.group_name)
         where = f"{req.master_address}:{req.master_port}"
-        fut = _start_daemon(lambda: self._join_blocking(req, ticket), f"relax-gym-join-{req.group_name}")
+        fut = start_daemon(lambda: self._join_blocking(req, ticket), f"relax-gym-join-{req.group_name}")
         if not await _await_bounded(fut, self.timeout_s):
             with self._lock:
                 ticket.abandoned = True  # a late group is dropped by its thread; a retry may start now
@@ -413,7 +365,7 @@ class WeightReceiver:
         exc = fut.exception()
         if exc is not None:
             raise WeightGroupError(
-                f"joining group {req.group_name!r} at {where} failed within {self.timeout_s:g} s: {_first_line(exc)}"
+                f"joining group {req.group_name!r} at {where} failed within {self.timeout_s:g} s: {first_line(exc)}"
             )
 
     def init_group(self, req: InitWeightsUpdateGroupRequest) -> None:
@@ -462,7 +414,7 @@ class WeightReceiver:
             del entry
             raise WeightGroupError(
                 f"broadcast on group {group_name!r} did not complete within {self.timeout_s:g} s "
-                f"({_first_line(exc)}); the group was destroyed, call /init_weights_update_group again"
+                f"({first_line(exc)}); the group was destroyed, call /init_weights_update_group again"
             ) from None
         finally:
             with self._lock:
@@ -498,7 +450,7 @@ class WeightReceiver:
             with self._lock:
                 self._busy.discard(req.group_name)
             raise
-        fut = _start_daemon(lambda: self._receive_blocking(req.group_name, tensors), "relax-gym-receive")
+        fut = start_daemon(lambda: self._receive_blocking(req.group_name, tensors), "relax-gym-receive")
         # gloo fails the collective at timeout_s; the extra seconds only cover a wedged thread
         if not await _await_bounded(fut, self.timeout_s + 5.0):
             raise WeightGroupError(
@@ -528,171 +480,19 @@ def validate_distributed_request(req: UpdateWeightsFromDistributedRequest) -> No
             raise WeightTransportError(f"negative dimension in shape {shape}")
 
 
-# ------------------------------------------------------------------------------------------------
-# sender side
-# ------------------------------------------------------------------------------------------------
-@dataclass
-class EngineTarget:
-    """One engine to broadcast to: its URL, auth, and how many ranks it joins with (SGLang: TP size)."""
-
-    base_url: str
-    api_key: str | None = None
-    ranks: int = 1
-
-
-class WeightBroadcaster:
-    """Trainer side (rank 0) of the distributed path, for any number of engines.
-
-    ``await init()`` opens the group (engines join through ``/init_weights_update_group``);
-    ``await push(named, weight_version=...)`` sends buckets: for each bucket it posts
-    ``/update_weights_from_distributed`` to every engine and broadcasts the tensors meanwhile.
-    """
-
-    def __init__(
-        self,
-        engines: list[EngineTarget],
-        *,
-        master_address: str = "127.0.0.1",
-        master_port: int,
-        group_name: str = "weight_update_group",
-        backend: str = "gloo",
-        timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
-    ) -> None:
-        self.engines = engines
-        self.master_address = master_address
-        self.master_port = master_port
-        self.group_name = group_name
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.world_size = 1 + sum(e.ranks for e in engines)
-        self._group: GroupHandle | None = None
-        # the engines answer within their own group timeout; wait a little longer than ours
-        self._clients = [EngineClient(e.base_url, api_key=e.api_key, timeout_s=timeout_s + 30.0) for e in engines]
-
-    async def init(self) -> None:
-        offsets, offset = [], 1
-        for e in self.engines:
-            offsets.append(offset)
-            offset += e.ranks
-        calls = [
-            asyncio.create_task(
-                c.init_weights_update_group(
-                    InitWeightsUpdateGroupRequest(
-                        master_address=self.master_address,
-                        master_port=self.master_port,
-                        rank_offset=off,
-                        world_size=self.world_size,
-                        group_name=self.group_name,
-                        backend=self.backend,
-                    )
-                )
-            )
-            for c, off in zip(self._clients, offsets, strict=True)
-        ]
-        box: list[GroupHandle] = []
-
-        def rendezvous() -> None:
-            box.append(
-                new_process_group(
-                    self.master_address,
-                    self.master_port,
-                    0,
-                    self.world_size,
-                    group_name=self.group_name,
-                    backend=self.backend,
-                    timeout_s=self.timeout_s,
-                )
-            )
-
-        joined = asyncio.wrap_future(_start_daemon(rendezvous, "relax-gym-rendezvous"))
-        try:
-            await asyncio.wait_for(self._until_all_joined(joined, calls), self.timeout_s + 5.0)
-        except TimeoutError:
-            raise WeightGroupError(
-                f"the engines did not join group {self.group_name!r} within {self.timeout_s:g} s"
-            ) from None
-        finally:
-            for call in calls:
-                call.cancel()
-        self._group = box[0]
-
-    async def _until_all_joined(
-        self, joined: asyncio.Future[None], calls: list[asyncio.Task[UpdateWeightsResponse]]
-    ) -> None:
-        """Wait for our rendezvous and every engine's reply; the first failure raises at once
-        (an engine that refused to join would otherwise leave rank 0 waiting out its timeout)."""
-        pending: set[asyncio.Future[Any]] = {joined, *calls}
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                exc = fut.exception()
-                if exc is not None and fut is joined:
-                    raise WeightGroupError(f"opening group {self.group_name!r} failed: {_first_line(exc)}")
-                if exc is not None:
-                    raise exc
-                if fut is not joined and not fut.result().success:
-                    engine = self.engines[calls.index(fut)]  # type: ignore[arg-type]
-                    raise EngineError(engine.base_url + "/init_weights_update_group", fut.result().message)
-
-    async def push(
-        self,
-        named: Iterable[tuple[str, torch.Tensor]],
-        *,
-        weight_version: str | None = None,
-        bucket_bytes: int = 256 << 20,
-        abort_all_requests: bool = False,
-    ) -> int:
-        """Broadcast ``named`` to every engine; the last bucket sets ``weight_version``."""
-        if self._group is None:
-            raise WeightTransportError("call init() before push()")
-        groups = list(buckets(((n, t.detach().cpu().contiguous()) for n, t in named), bucket_bytes))
-        for i, group in enumerate(groups):
-            req = UpdateWeightsFromDistributedRequest(
-                names=[n for n, _ in group],
-                dtypes=[dtype_name(t.dtype) for _, t in group],
-                shapes=[list(t.shape) for _, t in group],
-                group_name=self.group_name,
-                weight_version=weight_version if i == len(groups) - 1 else None,
-                abort_all_requests=abort_all_requests,
-            )
-            calls = [asyncio.create_task(c.update_weights_from_distributed(req)) for c in self._clients]
-            handle, tensors = self._group, [t for _, t in group]
-            try:
-                await asyncio.wrap_future(_start_daemon(lambda: broadcast(handle, tensors, 0), "relax-gym-broadcast"))
-            finally:
-                replies = await asyncio.gather(*calls, return_exceptions=True)
-            for r in replies:
-                if isinstance(r, BaseException):
-                    raise r
-        return len(groups)
-
-    async def close(self) -> None:
-        for e, c in zip(self.engines, self._clients, strict=True):
-            await c.aclose()
-            headers = {"Authorization": f"Bearer {e.api_key}"} if e.api_key else {}
-            try:
-                async with httpx.AsyncClient(base_url=e.base_url.rstrip("/"), headers=headers, timeout=10.0) as http:
-                    await http.post("/destroy_weights_update_group", json={"group_name": self.group_name})
-            except httpx.HTTPError:
-                pass  # the engine is gone; nothing to release there
-        self._group = None
-
-
 __all__ = [
     "DEFAULT_GROUP_TIMEOUT_S",
-    "EngineTarget",
     "GroupHandle",
     "UpdateWeightsFromTensorRequest",
-    "WeightBroadcaster",
     "WeightGroupError",
     "WeightReceiver",
     "WeightTransportError",
-    "buckets",
     "decode_named_tensors",
     "dtype_name",
     "encode_named_tensors",
+    "first_line",
     "new_process_group",
     "parse_dtype",
-    "push_weights_from_tensor",
+    "start_daemon",
     "validate_distributed_request",
 ]

@@ -1,0 +1,54 @@
+"""The in-memory transport: ``POST /update_weights_from_tensor`` with safetensors buckets.
+
+For engines on the trainer's host (the embedded engine). Each bucket is encoded once (base64 text
+of a safetensors blob, :func:`~relax_gym.trainer.engines.weights.encode_named_tensors`) and
+posted to every engine concurrently before the next bucket is pulled; nothing touches the disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from relax_gym.protocol import EngineClient, UpdateWeightsFromTensorRequest
+from relax_gym.trainer.engines.weights import encode_named_tensors
+from relax_gym.trainer.weights.transport import (
+    Delivery,
+    WeightSource,
+    WeightTransport,
+    gather_failures,
+    nbytes,
+    with_last,
+)
+
+
+class TensorTransport(WeightTransport):
+    """Buckets of named tensors in the request body (see the module docstring)."""
+
+    name = "tensor"
+
+    def __init__(self, *, api_key: str | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 600.0) -> None:
+        self.api_key = api_key
+        self.bucket_bytes = bucket_bytes
+        self.timeout_s = timeout_s
+
+    async def send(self, source: WeightSource, version: str, urls: Sequence[str]) -> Delivery:
+        clients = {u: EngineClient(u, api_key=self.api_key, timeout_s=self.timeout_s) for u in urls}
+        out = Delivery()
+        try:
+            for bucket, last in with_last(source.buckets(self.bucket_bytes)):
+                out.buckets += 1
+                out.bytes += nbytes(bucket)
+                alive = [u for u in urls if u not in out.failed]
+                if not alive:
+                    continue  # still walk the source to its end (a collective export)
+                req = UpdateWeightsFromTensorRequest(serialized_named_tensors=[encode_named_tensors(bucket)],
+                                                     weight_version=version if last else None)
+                out.failed.update(await gather_failures({u: clients[u].update_weights_from_tensor(req)
+                                                         for u in alive}))
+        finally:
+            for client in clients.values():
+                await client.aclose()
+        return out
+
+
+__all__ = ["TensorTransport"]
