@@ -9,7 +9,8 @@ suggestion (:class:`ConfigError`).
 Sections (each documented field by field below):
 
 * ``model`` -- which model to train (an HF folder, or a tiny model built from config);
-* ``engine`` -- the inference engines (embedded CPU engines started by the trainer, or URLs);
+* ``engine`` -- the inference engines (embedded CPU engines started by the trainer, or URLs) and
+  how weights reach them (``engine.sync``, every mode);
 * ``data`` -- where prompts come from (env ids with weights, or a suite) and the training seeds;
 * ``rollout`` -- the rollout manager's settings (group size, sampling, turn and token limits);
 * ``rewards`` -- reward composition on top of the env's reward (``relax_gym.rewards``);
@@ -19,7 +20,7 @@ Sections (each documented field by field below):
 * ``eval`` -- held-out evaluation every K steps;
 * ``checkpoint`` / ``logging`` -- saving, resuming and observability;
 * ``async_rl`` -- the fully_async and hybrid modes (:class:`~relax_gym.trainer.modes.async_config.AsyncConfig`):
-  staleness bound, queue, weight-update path, embedded or Ray runtime.
+  staleness bound, queue, overlapped weight updates, embedded or Ray runtime.
 
 ``mode`` picks how rollout and training share the machine (``relax-gym train`` dispatches on it):
 
@@ -104,6 +105,18 @@ class ModelConfig(_Section):
         return self
 
 
+class DistributedSyncConfig(_Section):
+    """The process group of ``engine.sync: distributed`` (the trainer is its rank 0)."""
+
+    backend: Literal["gloo", "nccl"] = Field(
+        "gloo", description="process-group backend: nccl for SGLang on GPUs; the embedded engine receives over gloo")
+    master_address: str = Field("127.0.0.1", description="the trainer's address the engines join the group at")
+    master_port: int | None = Field(None, ge=1, le=65535, description="group port (None: a free port)")
+    ranks_per_engine: int = Field(1, ge=1, description="ranks each engine joins with (an SGLang engine's "
+                                  "tensor-parallel size; the embedded engine: 1)")
+    timeout_s: float = Field(120.0, gt=0, description="bound on the rendezvous and on each bucket's broadcast")
+
+
 class EngineConfig(_Section):
     kind: Literal["embedded", "external"] = Field(
         "embedded",
@@ -116,12 +129,15 @@ class EngineConfig(_Section):
     threads: int | None = Field(None, ge=1, description="torch threads per embedded engine")
     max_batch_size: int = Field(64, ge=1, description="embedded engine: requests decoded together")
     startup_timeout_s: float = Field(180.0, gt=0, description="wait this long for an engine's /health")
-    sync: Literal["auto", "tensor", "disk"] = Field(
+    sync: Literal["auto", "tensor", "disk", "distributed"] = Field(
         "auto",
-        description="weight sync path: tensor = in-memory /update_weights_from_tensor (embedded engines); "
-        "disk = HF folder + /update_weights_from_disk (any engine); auto = tensor for embedded, disk otherwise",
+        description="weight sync transport, in every mode: tensor = in-memory /update_weights_from_tensor "
+        "(engines on this host); disk = HF folder + /update_weights_from_disk (any engine that reads the "
+        "folder); distributed = /init_weights_update_group + a bucketed broadcast (engine.distributed; "
+        "SGLang on GPUs with nccl); auto = tensor for embedded engines, disk otherwise",
     )
-    sync_bucket_mb: int = Field(256, ge=1, description="size of one weight bucket on the tensor path")
+    sync_bucket_mb: int = Field(256, ge=1, description="size of one weight bucket (tensor and distributed)")
+    distributed: DistributedSyncConfig = Field(default_factory=DistributedSyncConfig)
 
     @model_validator(mode="after")
     def _urls(self) -> EngineConfig:

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: weight-sync keys that moved to the ``engine:`` section
+_MOVED = {"weight_sync": "engine.sync (distributed)", "broadcast_backend": "engine.distributed.backend",
+          "master_address": "engine.distributed.master_address", "master_port": "engine.distributed.master_port"}
 
 
 class _Section(BaseModel):
@@ -50,7 +54,7 @@ class RayConfig(_Section):
 
 
 class AsyncConfig(_Section):
-    """The ``async_rl:`` section: queue, staleness, weight updates, workers, runtime."""
+    """The ``async_rl:`` section: queue, staleness, overlapped weight updates, workers, runtime."""
 
     max_staleness: int = Field(
         1, ge=0, description="a sample is trained only if current_version - min(its token versions) <= this; "
@@ -63,13 +67,6 @@ class AsyncConfig(_Section):
     prox_max_lag: int = Field(
         1, ge=0, description="fully_async: a proximal logprob computed by the worker is used when its "
         "version is at most this far behind the trainer; otherwise the trainer recomputes it")
-    weight_sync: Literal["engine", "distributed"] = Field(
-        "engine", description="engine: the path engine.sync selects (in-memory tensors or disk); distributed: "
-        "/init_weights_update_group + /update_weights_from_distributed and a bucketed broadcast")
-    broadcast_backend: Literal["gloo", "nccl"] = Field(
-        "gloo", description="process-group backend of the distributed path (nccl for SGLang on GPUs)")
-    master_address: str = Field("127.0.0.1", description="the trainer's address engines join the group at")
-    master_port: int | None = Field(None, ge=1, le=65535, description="group port (None: a free port)")
     overlap_sync: bool = Field(
         True, description="push a step's weights while the next step trains (tensor and distributed paths; the "
         "disk path always publishes before training on): the sync leaves the trainer's critical path")
@@ -89,6 +86,16 @@ class AsyncConfig(_Section):
                                       "to <out>/control.json)")
     step_timeout_s: float = Field(
         1800.0, gt=0, description="the trainer gives up when no batch is ready for this long (all engines dead)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """The weight-sync transport is chosen in one place for every mode: say where it went."""
+        if isinstance(data, dict):
+            moved = [f"async_rl.{key} is now {where}" for key, where in _MOVED.items() if key in data]
+            if moved:
+                raise ValueError("; ".join(moved))
+        return data
 
     def capacity(self, prompts_per_step: int) -> int:
         return self.queue_capacity or (self.max_staleness + 2) * prompts_per_step

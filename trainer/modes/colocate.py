@@ -12,7 +12,8 @@ One RL step, top to bottom (:meth:`Trainer.rl_step`):
    teacher's for distillation;
 4. **train** -- ``mini_batches`` x ``epochs`` optimizer updates, each over whole groups, cut into
    micro-batches inside the backend with the global normaliser;
-5. **sync** -- push the weights to every engine (in memory or through the disk), flush caches.
+5. **sync** -- publish the weights to every engine (``engine.sync``: in memory, through the disk,
+   or by broadcast; :mod:`relax_gym.trainer.weights`), flush caches, verify the version.
 
 Around the steps: the warm-up SFT phase, held-out evaluation every ``eval.every`` steps, atomic
 checkpoints (``--resume`` continues exactly), metrics/TensorBoard/progress, sample dumps and the
@@ -226,13 +227,10 @@ class Trainer:
         await asyncio.to_thread(self.fleet.start)
         self.router = await EngineRouter(self.fleet.urls, api_key=self.fleet.api_key,
                                          request_timeout_s=c.rollout.request_timeout_s).start()
-        from relax_gym.trainer.weights.engine_sync import WeightSync
+        from relax_gym.trainer.weights.publisher import WeightPublisher
 
-        path = c.engine.sync
-        if path == "auto":
-            path = "tensor" if self.fleet.embedded else "disk"
-        self.weight_sync = WeightSync(self.backend, self.router, path=path, staging_dir=self.out / "weights",
-                                      api_key=self.fleet.api_key, bucket_bytes=c.engine.sync_bucket_mb << 20)
+        self.publisher = WeightPublisher.from_config(c.engine, self.backend, self.router, api_key=self.fleet.api_key,
+                                                     staging_dir=self.out / "weights")
         self.teacher = None
         if c.algorithm.distill_coef > 0 and c.teacher.url:
             from relax_gym.protocol import EngineClient
@@ -240,6 +238,9 @@ class Trainer:
             self.teacher = EngineClient(c.teacher.url, api_key=c.teacher.api_key, timeout_s=c.teacher.timeout_s)
 
     async def _stop_engines(self) -> None:
+        publisher = getattr(self, "publisher", None)
+        if publisher is not None:
+            await publisher.close()  # releases a broadcast group while the engines still answer
         router = getattr(self, "router", None)
         if router is not None:
             await router.close()
@@ -291,9 +292,9 @@ class Trainer:
             self._resync_same_version = False  # restored weights: same version as when saved
         else:
             self.state.weight_version += 1
-        result = await self.weight_sync.push(self.state.weight_version)
+        metrics = await self.publisher.publish(self.state.weight_version)
         self._synced_version = self.backend.version
-        return result.metrics()
+        return metrics
 
     async def evaluate(self) -> dict[str, float]:
         """Held-out success and reward with the current weights (synced first)."""

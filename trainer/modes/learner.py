@@ -18,8 +18,10 @@ queue, and publishes the new weights while the producer keeps generating. Per st
    ones, and each sample's staleness, so exactly-once and the staleness bound can be audited
    from the run's files.
 
-Publishing (:meth:`Learner.publish`) goes through :class:`~.weight_sync.WeightPublisher`:
-in-memory tensors, disk, or the distributed broadcast path.
+Publishing (:meth:`Learner.publish`) goes through the one
+:class:`~relax_gym.trainer.weights.publisher.WeightPublisher` (the transport ``engine.sync``
+names: in-memory tensors, disk, or the distributed broadcast), keeping a CPU snapshot of the
+published weights for engines that join while the next step trains.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantage
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
 from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
-from relax_gym.trainer.weights.publisher import DistributedWeightSync, ElasticRouter, SyncPath, WeightPublisher
+from relax_gym.trainer.rollout import EngineRouter
+from relax_gym.trainer.weights.publisher import WeightPublisher
 
 log = logging.getLogger("relax_gym.trainer.modes")
 LEDGER = "ledger.jsonl"
@@ -92,25 +95,9 @@ class Learner(Trainer):
             urls, api_key = list(self.fleet.urls), self.fleet.api_key
             self._record_engine_pids()
         self.api_key = api_key
-        self.router = await ElasticRouter(urls, api_key=api_key, request_timeout_s=c.rollout.request_timeout_s).start()
-        a = c.async_rl
-        path: SyncPath
-        if a.weight_sync == "distributed":
-            path = "distributed"
-        elif c.engine.sync != "auto":
-            path = c.engine.sync
-        else:
-            path = "tensor" if c.engine.kind == "embedded" else "disk"
-        distributed = None
-        if path == "distributed":
-            distributed = DistributedWeightSync(api_key=api_key, backend=a.broadcast_backend,
-                                                master_address=a.master_address, master_port=a.master_port,
-                                                bucket_bytes=c.engine.sync_bucket_mb << 20)
-        self.publisher = WeightPublisher(self.backend, self.router, path=path, staging_dir=self.out / "weights",
-                                         api_key=api_key, bucket_bytes=c.engine.sync_bucket_mb << 20,
-                                         distributed=distributed)
-        self.router.provider = self.publisher.bring_up_to_date
-        self.weight_sync = self.publisher  # type: ignore[assignment]
+        self.router = await EngineRouter(urls, api_key=api_key, request_timeout_s=c.rollout.request_timeout_s).start()
+        self.publisher = WeightPublisher.from_config(c.engine, self.backend, self.router, api_key=api_key,
+                                                     staging_dir=self.out / "weights", keep_snapshot=True)
         self.teacher = None
         if c.algorithm.distill_coef > 0 and c.teacher.url:
             from relax_gym.protocol import EngineClient
@@ -124,12 +111,6 @@ class Learner(Trainer):
         path = self.out / "engines" / "pids.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(pids), encoding="utf-8")
-
-    async def _stop_engines(self) -> None:
-        publisher = getattr(self, "publisher", None)
-        if publisher is not None:
-            await publisher.close()
-        await super()._stop_engines()
 
     def _assign_version(self) -> None:
         """New weights get the next version number, once."""

@@ -224,9 +224,7 @@ class RolloutProducer:
         self.version, self.steps = version, steps
         self.effective -= released_groups
         self.counts["released_groups"] += released_groups
-        set_version = getattr(self.router, "set_version", None)
-        if set_version is not None:
-            set_version(version)
+        self.router.set_current_weights(version, served=True)  # joiners are brought to it
         if self.owns_pause:
             await self.router.resume()
         async with self.cond:

@@ -102,15 +102,15 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
         return TrajectoryQueue(capacity=a.capacity(config.rollout.prompts_per_step), max_staleness=a.max_staleness,
                                stale_policy=a.stale_policy, version=int(kw.get("version", 0)))
     if kind == "rollout":
-        from relax_gym.trainer.rollout import ChatCodec
-
         from relax_gym.trainer.modes.producer import RolloutProducer
-        from relax_gym.trainer.weights.publisher import ElasticRouter
+        from relax_gym.trainer.rollout import ChatCodec, EngineRouter
 
         learner = kw["learner"]
-        router = ElasticRouter(kw["urls"], api_key=kw["api_key"], request_timeout_s=config.rollout.request_timeout_s,
-                               provider=lambda url: learner.push_weights_to(url),
-                               on_change=lambda event, url: learner.track_engine(event, url))
+        # joiners and revived engines get the learner's published weights; the learner's own
+        # router follows this one's membership
+        router = EngineRouter(kw["urls"], api_key=kw["api_key"], request_timeout_s=config.rollout.request_timeout_s,
+                              weight_sync=lambda handle, version: learner.push_weights_to(handle.url),
+                              on_change=lambda event, url: learner.track_engine(event, url))
         codec = ChatCodec.from_pretrained(kw["model_path"], template_kwargs=dict(config.model.template_kwargs))
         return RolloutProducer(config, codec, router, kw["queue"], list(kw["rewards"]), owns_pause=True)
     if kind == "logprob":
