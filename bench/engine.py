@@ -87,7 +87,9 @@ async def run_weight_updates(url: str, api_key: str, model_dir: Path, other_dir:
     from transformers import AutoModelForCausalLM
 
     from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
-    from relax_gym.trainer.engines.weights import EngineTarget, WeightBroadcaster, push_weights_from_tensor
+    from relax_gym.trainer.weights.broadcast import BroadcastTransport
+    from relax_gym.trainer.weights.tensor import TensorTransport
+    from relax_gym.trainer.weights.transport import Snapshot
 
     state = dict(AutoModelForCausalLM.from_pretrained(str(other_dir), dtype=torch.float32).state_dict())
     unique = {t.untyped_storage().data_ptr(): t for t in state.values()}  # tied weights count once
@@ -104,14 +106,14 @@ async def run_weight_updates(url: str, api_key: str, model_dir: Path, other_dir:
             disk.append(time.perf_counter() - start)
         for i in range(repeats):
             start = time.perf_counter()
-            await push_weights_from_tensor(url, state.items(), weight_version=f"mem-{i}", api_key=api_key)
+            await TensorTransport(api_key=api_key).send(Snapshot(list(state.items())), f"mem-{i}", [url])
             tensor.append(time.perf_counter() - start)
-        sender = WeightBroadcaster([EngineTarget(url, api_key=api_key)], master_port=free_port(), group_name="bench")
-        await sender.init()
+        sender = BroadcastTransport(api_key=api_key, master_port=free_port(), timeout_s=60)
+        await sender.ensure_group([url])
         try:
             for i in range(repeats):
                 start = time.perf_counter()
-                await sender.push(state.items(), weight_version=f"dist-{i}")
+                await sender.send(Snapshot(list(state.items())), f"dist-{i}", [url])
                 dist.append(time.perf_counter() - start)
         finally:
             await sender.close()

@@ -4,12 +4,14 @@
 
 For each size, a tiny Qwen3 (tiny BPE vocabulary, so the layers dominate) is widened/deepened
 (xs about 1.4 MB of float32 weights, s 16 MB, m 61 MB, l 204 MB, xl about 480 MB) and served by one embedded engine (1 torch thread) on
-127.0.0.1. The trainer side (this process) then pushes the same weights with a new version over:
+127.0.0.1. The trainer side (this process) then pushes the backend's weights with a new version
+over each transport of ``relax_gym.trainer.weights`` (what the publisher calls):
 
-* **disk** -- ``save_pretrained`` to a folder + ``/update_weights_from_disk`` (any engine);
-* **tensor** -- ``/update_weights_from_tensor`` with base64 safetensors buckets (same host only);
-* **broadcast** -- ``/init_weights_update_group`` once, then per push ``/update_weights_from_distributed``
-  and a bucketed broadcast over a gloo process group (the code path SGLang uses with NCCL).
+* **disk** (``DiskTransport``) -- ``save_pretrained`` to a folder + ``/update_weights_from_disk`` (any engine);
+* **tensor** (``TensorTransport``) -- ``/update_weights_from_tensor`` with base64 safetensors buckets (same host only);
+* **broadcast** (``BroadcastTransport``) -- ``/init_weights_update_group`` once, then per push
+  ``/update_weights_from_distributed`` and a bucketed broadcast over a gloo process group (the code path
+  SGLang uses with NCCL).
 
 Each push is timed end to end, until the engine reports the new version through
 ``/get_model_info``; the median of ``--repeats`` pushes is reported with MB/s. The group set-up
@@ -33,13 +35,14 @@ SHAPES = {"xs": (128, 256, 2), "s": (256, 1024, 4), "m": (512, 2048, 4), "l": (7
 
 
 async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
-    from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
-    from relax_gym.trainer.engines.weights import push_weights_from_tensor
-    from relax_gym.trainer.models import build_tiny_model
-    from relax_gym.trainer.weights.publisher import DistributedWeightSync
+    from relax_gym.protocol import EngineClient
     from relax_gym.trainer.backends.pytorch import TorchBackend
-
-    from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
+    from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+    from relax_gym.trainer.models import build_tiny_model
+    from relax_gym.trainer.weights.broadcast import BroadcastTransport
+    from relax_gym.trainer.weights.disk import DiskTransport
+    from relax_gym.trainer.weights.tensor import TensorTransport
+    from relax_gym.trainer.weights.transport import LiveWeights
 
     hidden, inter, layers = SHAPES[size]
     model = build_tiny_model("qwen3", work / f"m-{size}", seed=0, tokenizer="tiny-bpe", hidden_size=hidden,
@@ -62,31 +65,21 @@ async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
                 if info.weight_version != str(v):
                     raise RuntimeError(f"engine reports {info.weight_version}, expected {v}")
 
-            async def disk() -> None:
-                folder = work / f"push-{size}-{version}"
-                await asyncio.to_thread(backend.save_pretrained, folder)
-                await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(
-                    model_path=str(folder), weight_version=str(version)))
-
-            async def tensor() -> None:
-                await push_weights_from_tensor(engine.url, named, weight_version=str(version), api_key=key)
-
-            sync = DistributedWeightSync(api_key=key, timeout_s=600)
+            sync = BroadcastTransport(api_key=key, timeout_s=600)
             start = time.perf_counter()
             await sync.ensure_group([engine.url])
             out["broadcast_group_setup_s"] = time.perf_counter() - start
-
-            async def broadcast() -> None:
-                await sync.push(named, version, [engine.url])
-
-            for name, push in (("disk", disk), ("tensor", tensor), ("broadcast", broadcast)):
+            transports = (("disk", DiskTransport(work / f"push-{size}", api_key=key)),
+                          ("tensor", TensorTransport(api_key=key)), ("broadcast", sync))
+            for name, transport in transports:
                 times = []
                 for _ in range(repeats):
                     version += 1
                     start = time.perf_counter()
-                    await push()
+                    delivery = await transport.send(LiveWeights(backend), str(version), [engine.url])
                     await confirm(version)
                     times.append(time.perf_counter() - start)
+                    assert not delivery.failed, delivery.failed
                 median = statistics.median(times)
                 out[f"{name}_s"] = median
                 out[f"{name}_mb_per_s"] = out["megabytes"] / median

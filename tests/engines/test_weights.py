@@ -1,4 +1,7 @@
-"""Weight updates on a live engine: from disk, in memory (safetensors), and over a gloo group."""
+"""Weight updates on a live engine: from disk, in memory (safetensors), and over a gloo group.
+
+The sending side is the trainer's (``relax_gym.trainer.weights`` transports); these tests check
+what the engine receives."""
 
 from __future__ import annotations
 
@@ -12,13 +15,10 @@ import httpx
 import pytest
 import torch
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
-from relax_gym.trainer.engines.weights import (
-    EngineTarget,
-    UpdateWeightsFromTensorRequest,
-    WeightBroadcaster,
-    encode_named_tensors,
-    push_weights_from_tensor,
-)
+from relax_gym.trainer.engines.weights import UpdateWeightsFromTensorRequest, encode_named_tensors
+from relax_gym.trainer.weights.broadcast import BroadcastTransport
+from relax_gym.trainer.weights.tensor import TensorTransport
+from relax_gym.trainer.weights.transport import Snapshot
 from transformers import AutoModelForCausalLM
 
 from relax_gym.protocol import (
@@ -201,12 +201,12 @@ async def test_update_from_tensor_in_buckets(
 ) -> None:
     target = state_of(bpe_qwen3_seed1)
     async with EngineClient(engine.url, api_key=API_KEY) as client:
-        buckets = await push_weights_from_tensor(
-            engine.url, target.items(), weight_version="mem-1", api_key=API_KEY, bucket_bytes=64 << 10
+        delivery = await TensorTransport(api_key=API_KEY, bucket_bytes=64 << 10).send(
+            Snapshot(list(target.items())), "mem-1", [engine.url]
         )
         out = await probe(client)
         await restore(client, scripted_qwen3)
-    assert buckets > 2
+    assert delivery.buckets > 2 and not delivery.failed
     assert out.meta_info.weight_version == "mem-1"
     assert max_diff(fresh_logprobs(bpe_qwen3_seed1, out), out) < 1e-4
 
@@ -222,14 +222,13 @@ async def test_update_over_a_gloo_group(
 ) -> None:
     """This process is rank 0 (the trainer); the engine process joins as rank 1."""
     target = state_of(bpe_qwen3_seed1)
-    sender = WeightBroadcaster(
-        [EngineTarget(engine.url, api_key=API_KEY)], master_port=free_port(), group_name="test_group", timeout_s=60
-    )
-    await sender.init()
+    sender = BroadcastTransport(api_key=API_KEY, master_port=free_port(), bucket_bytes=128 << 10, timeout_s=60)
+    await sender.ensure_group([engine.url])
     try:
         async with httpx.AsyncClient() as http:
-            assert "test_group" in (await http.get(f"{engine.url}/get_server_info")).json()["weight_update_groups"]
-        sent = await sender.push(target.items(), weight_version="dist-1", bucket_bytes=128 << 10)
+            groups = (await http.get(f"{engine.url}/get_server_info")).json()["weight_update_groups"]
+            assert len(groups) == 1 and groups[0].startswith("relax_weights_")
+        sent = (await sender.send(Snapshot(list(target.items())), "dist-1", [engine.url])).buckets
         async with EngineClient(engine.url, api_key=API_KEY) as client:
             out = await probe(client)
             info = await client.model_info()
@@ -267,7 +266,8 @@ async def test_distributed_requests_are_validated(engine: EmbeddedEngineProcess)
 
 
 def test_safetensors_items_round_trip_tied_weights() -> None:
-    from relax_gym.trainer.engines.weights import buckets, decode_named_tensors
+    from relax_gym.trainer.backends.base import buckets
+    from relax_gym.trainer.engines.weights import decode_named_tensors
 
     shared = torch.randn(4, 3)
     named = [("model.embed_tokens.weight", shared), ("lm_head.weight", shared), ("b", torch.arange(5))]

@@ -31,8 +31,8 @@ async def test_zero_staleness_reproduces_colocates_on_policy_batches(tiny_model:
     step n trains the groups colocate's sampler draws for step n (draws nB+1 .. (n+1)B)."""
     out = tmp_path / "k0"
     cfg = config_from_dict(config_dict(tiny_model, out, [engine.url], train={"steps": 3},
-                                             async_rl={"max_staleness": 0, "imports": ["tests.modes.workload"],
-                                                       "weight_sync": "distributed"}))
+                                       engine={"sync": "distributed"},
+                                       async_rl={"max_staleness": 0, "imports": ["tests.modes.workload"]}))
     summary = await run_async(cfg)
     assert summary.steps == 3
     audit = audit_run(out, max_staleness=0)

@@ -132,19 +132,19 @@ async def test_a_broadcast_that_never_comes_is_bounded_and_leaves_generation_run
     engines: dict[str, EmbeddedEngineProcess],
 ) -> None:
     """Rank 0 (this process) opens the group with the engine, then never sends the tensors."""
-    from relax_gym.trainer.engines.weights import EngineTarget, WeightBroadcaster
+    from relax_gym.trainer.weights.broadcast import BroadcastTransport
 
     url = engines["quick"].url
-    sender = WeightBroadcaster([EngineTarget(url, api_key=API_KEY)], master_port=free_port(), group_name="silent",
-                               timeout_s=20)
-    await sender.init()
+    sender = BroadcastTransport(api_key=API_KEY, master_port=free_port(), timeout_s=20)
+    await sender.ensure_group([url])
+    silent = sender.group_name
     try:
         async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=GROUP_TIMEOUT_S + 20) as http:
-            assert "silent" in (await http.get("/get_server_info")).json()["weight_update_groups"]
+            assert silent in (await http.get("/get_server_info")).json()["weight_update_groups"]
             start = time.monotonic()
             update = asyncio.create_task(http.post(
                 "/update_weights_from_distributed",
-                json={"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "silent"},
+                json={"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": silent},
             ))
             await asyncio.sleep(0.2)
             gen = await http.post("/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}})

@@ -129,6 +129,7 @@ def test_cli_print_config(capsys: pytest.CaptureFixture[str]) -> None:
 ASYNC_YAML = """\
 mode: fully_async
 model: {build: {kind: qwen3}}
+engine: {sync: distributed, distributed: {backend: nccl, master_port: 29600, ranks_per_engine: 2}}
 data: {envs: [{id: test/Letters-v0}]}
 rollout: {prompts_per_step: 4}
 algorithm: {rollout_correction: tis}
@@ -136,7 +137,6 @@ async_rl:
   max_staleness: 2
   stale_policy: correct
   queue_capacity: 8
-  weight_sync: distributed
   runtime: ray
   ray: {num_cpus: 2, trainer: {num_cpus: 1}}
   imports: [tests.trainer.envs]
@@ -149,10 +149,22 @@ def test_async_mode_and_section_validate_from_yaml(tmp_path: Path) -> None:
     cfg = load_config(path)
     assert cfg.mode == "fully_async" and cfg.is_async
     a = cfg.async_rl
-    assert (a.max_staleness, a.stale_policy, a.capacity(4), a.weight_sync) == (2, "correct", 8, "distributed")
+    assert (a.max_staleness, a.stale_policy, a.capacity(4)) == (2, "correct", 8)
+    d = cfg.engine.distributed
+    assert (cfg.engine.sync, d.backend, d.master_port, d.ranks_per_engine) == ("distributed", "nccl", 29600, 2)
     assert (a.runtime, a.ray.num_cpus, a.ray.trainer.num_cpus, a.imports) == ("ray", 2, 1.0, ["tests.trainer.envs"])
     assert not load_config(path, ["mode=colocate", "async_rl.runtime=embedded"]).is_async
     assert load_config(path, ["mode=hybrid"]).is_async
+
+
+def test_weight_sync_is_chosen_under_engine_for_every_mode() -> None:
+    """The transport is one setting (engine.sync) for colocate and the async modes alike; the
+    async section's former keys say where they went."""
+    assert config_from_dict(BASE, ["engine.sync=distributed"]).engine.sync == "distributed"  # colocate too
+    msg = errors_of(["mode=fully_async", "async_rl.weight_sync=distributed", "async_rl.master_port=1234"])
+    assert "async_rl.weight_sync is now engine.sync (distributed)" in msg
+    assert "async_rl.master_port is now engine.distributed.master_port" in msg
+    assert "engine.sync: must be one of" in errors_of(["engine.sync=nccl"])
 
 
 def test_bad_mode_names_the_field_and_the_three_modes() -> None:

@@ -59,9 +59,10 @@ async def engine_and_trainer_logprobs(trainer: Trainer, trajs: list[Trajectory]
             torch.cat([o[m] for o, m in zip(ours, masks, strict=True)]))
 
 
-def test_loss_moves_and_weights_reach_the_engine(tiny_text_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["auto", pytest.param("distributed", marks=pytest.mark.slow)])  # or a gloo broadcast
+def test_loss_moves_and_weights_reach_the_engine(tiny_text_model: Path, tmp_path: Path, sync: str) -> None:
     async def scenario() -> None:
-        trainer = Trainer(loop_config(tiny_text_model, tmp_path / "run"))
+        trainer = Trainer(loop_config(tiny_text_model, tmp_path / "run", f"engine.sync={sync}"))
         await trainer.start()
         try:
             m1 = await trainer.rl_step(1)
@@ -71,6 +72,7 @@ def test_loss_moves_and_weights_reach_the_engine(tiny_text_model: Path, tmp_path
         finally:
             await trainer.close()
         assert trainer.backend.version == 2 and trainer.state.weight_version == 2
+        assert trainer.publisher.path == ("tensor" if sync == "auto" else "distributed")
         for m in (m1, m2):
             assert m["train/grad_norm"] > 0 and m["train/loss"] != 0 and m["adv/abs_mean"] > 0
             assert m["sync/engines"] == 1 and m["time/rollout"] > 0
