@@ -87,6 +87,7 @@ async def run_weight_updates(url: str, api_key: str, model_dir: Path, other_dir:
     from transformers import AutoModelForCausalLM
 
     from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
+    from relax_gym.trainer.config import DistributedSyncConfig
     from relax_gym.trainer.weights.broadcast import BroadcastTransport
     from relax_gym.trainer.weights.tensor import TensorTransport
     from relax_gym.trainer.weights.transport import Snapshot
@@ -108,7 +109,7 @@ async def run_weight_updates(url: str, api_key: str, model_dir: Path, other_dir:
             start = time.perf_counter()
             await TensorTransport(api_key=api_key).send(Snapshot(list(state.items())), f"mem-{i}", [url])
             tensor.append(time.perf_counter() - start)
-        sender = BroadcastTransport(api_key=api_key, master_port=free_port(), timeout_s=60)
+        sender = BroadcastTransport(DistributedSyncConfig(master_port=free_port(), timeout_s=60), api_key=api_key)
         await sender.ensure_group([url])
         try:
             for i in range(repeats):

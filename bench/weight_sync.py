@@ -37,6 +37,7 @@ SHAPES = {"xs": (128, 256, 2), "s": (256, 1024, 4), "m": (512, 2048, 4), "l": (7
 async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
     from relax_gym.protocol import EngineClient
     from relax_gym.trainer.backends.pytorch import TorchBackend
+    from relax_gym.trainer.config import DistributedSyncConfig
     from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
     from relax_gym.trainer.models import build_tiny_model
     from relax_gym.trainer.weights.broadcast import BroadcastTransport
@@ -65,7 +66,7 @@ async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
                 if info.weight_version != str(v):
                     raise RuntimeError(f"engine reports {info.weight_version}, expected {v}")
 
-            sync = BroadcastTransport(api_key=key, timeout_s=600)
+            sync = BroadcastTransport(DistributedSyncConfig(timeout_s=600), api_key=key)
             start = time.perf_counter()
             await sync.ensure_group([engine.url])
             out["broadcast_group_setup_s"] = time.perf_counter() - start

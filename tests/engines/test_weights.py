@@ -15,6 +15,7 @@ import httpx
 import pytest
 import torch
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+from relax_gym.trainer.config import DistributedSyncConfig
 from relax_gym.trainer.engines.weights import UpdateWeightsFromTensorRequest, encode_named_tensors
 from relax_gym.trainer.weights.broadcast import BroadcastTransport
 from relax_gym.trainer.weights.tensor import TensorTransport
@@ -222,7 +223,8 @@ async def test_update_over_a_gloo_group(
 ) -> None:
     """This process is rank 0 (the trainer); the engine process joins as rank 1."""
     target = state_of(bpe_qwen3_seed1)
-    sender = BroadcastTransport(api_key=API_KEY, master_port=free_port(), bucket_bytes=128 << 10, timeout_s=60)
+    sender = BroadcastTransport(DistributedSyncConfig(master_port=free_port(), timeout_s=60), api_key=API_KEY,
+                                bucket_bytes=128 << 10)
     await sender.ensure_group([engine.url])
     try:
         async with httpx.AsyncClient() as http:

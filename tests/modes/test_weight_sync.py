@@ -12,6 +12,7 @@ import pytest
 import torch
 from relax_gym.trainer.backends.base import NamedTensors, SequenceBatch
 from relax_gym.trainer.backends.pytorch import TorchBackend
+from relax_gym.trainer.config import DistributedSyncConfig
 from relax_gym.trainer.rollout import EngineRouter, WeightSyncError
 from relax_gym.trainer.weights.broadcast import BroadcastTransport
 from relax_gym.trainer.weights.disk import DiskTransport
@@ -39,7 +40,7 @@ def transport(path: str, tmp_path: Path, bucket_bytes: int = 256 << 20) -> Weigh
         return TensorTransport(api_key=API_KEY, bucket_bytes=bucket_bytes)
     if path == "disk":
         return DiskTransport(tmp_path / "weights", api_key=API_KEY)
-    return BroadcastTransport(api_key=API_KEY, bucket_bytes=bucket_bytes, timeout_s=30)
+    return BroadcastTransport(DistributedSyncConfig(timeout_s=30), api_key=API_KEY, bucket_bytes=bucket_bytes)
 
 
 async def engine_sample(url: str) -> tuple[list[int], list[float], str | None]:

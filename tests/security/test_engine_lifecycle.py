@@ -132,10 +132,11 @@ async def test_a_broadcast_that_never_comes_is_bounded_and_leaves_generation_run
     engines: dict[str, EmbeddedEngineProcess],
 ) -> None:
     """Rank 0 (this process) opens the group with the engine, then never sends the tensors."""
+    from relax_gym.trainer.config import DistributedSyncConfig
     from relax_gym.trainer.weights.broadcast import BroadcastTransport
 
     url = engines["quick"].url
-    sender = BroadcastTransport(api_key=API_KEY, master_port=free_port(), timeout_s=20)
+    sender = BroadcastTransport(DistributedSyncConfig(master_port=free_port(), timeout_s=20), api_key=API_KEY)
     await sender.ensure_group([url])
     silent = sender.group_name
     try:

@@ -35,6 +35,7 @@ from relax_gym.protocol import (
     UpdateWeightsResponse,
 )
 from relax_gym.trainer.backends.base import NamedTensors
+from relax_gym.trainer.config import DistributedSyncConfig
 from relax_gym.trainer.engines.weights import (
     GroupHandle,
     WeightGroupError,
@@ -57,42 +58,41 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class _Group:
-    """Rank 0 of one weight-update group over fixed members (``ranks`` engine ranks each: an
+    """Rank 0 of one weight-update group over fixed members (``ranks_per_engine`` ranks each: an
     SGLang engine joins with its tensor-parallel size)."""
 
-    def __init__(self, urls: Sequence[str], *, api_key: str | None, master_address: str, master_port: int,
-                 group_name: str, backend: str, timeout_s: float, ranks: int) -> None:
+    def __init__(self, urls: Sequence[str], settings: DistributedSyncConfig, *, api_key: str | None, port: int,
+                 group_name: str) -> None:
         self.urls = list(urls)
-        self.master_address = master_address
-        self.master_port = master_port
+        self.settings = settings
+        self.port = port
         self.group_name = group_name
-        self.backend = backend
-        self.timeout_s = timeout_s
-        self.ranks = ranks
-        self.world_size = 1 + ranks * len(self.urls)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.world_size = 1 + settings.ranks_per_engine * len(self.urls)
+        cuda = settings.backend == "nccl"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # the engines answer within their own group timeout; wait a little longer than ours
-        self.clients = [EngineClient(u, api_key=api_key, timeout_s=timeout_s + 30.0) for u in self.urls]
+        self.clients = [EngineClient(u, api_key=api_key, timeout_s=settings.timeout_s + 30.0) for u in self.urls]
         self.handle: GroupHandle | None = None
 
     async def open(self) -> None:
         """Every engine joins while rank 0 opens the group; the first refusal fails at once."""
+        s = self.settings
         calls = [asyncio.create_task(c.init_weights_update_group(InitWeightsUpdateGroupRequest(
-            master_address=self.master_address, master_port=self.master_port, rank_offset=1 + i * self.ranks,
-            world_size=self.world_size, group_name=self.group_name, backend=self.backend)))
+            master_address=s.master_address, master_port=self.port, rank_offset=1 + i * s.ranks_per_engine,
+            world_size=self.world_size, group_name=self.group_name, backend=s.backend)))
             for i, c in enumerate(self.clients)]
         box: list[GroupHandle] = []
 
         def rendezvous() -> None:
-            box.append(new_process_group(self.master_address, self.master_port, 0, self.world_size,
-                                         group_name=self.group_name, backend=self.backend, timeout_s=self.timeout_s))
+            box.append(new_process_group(s.master_address, self.port, 0, self.world_size,
+                                         group_name=self.group_name, backend=s.backend, timeout_s=s.timeout_s))
 
         joined = asyncio.wrap_future(start_daemon(rendezvous, "relax-gym-rendezvous"))
         try:
-            await asyncio.wait_for(self._until_all_joined(joined, calls), self.timeout_s + 5.0)
+            await asyncio.wait_for(self._until_all_joined(joined, calls), s.timeout_s + 5.0)
         except TimeoutError:
             raise WeightGroupError(f"the engines did not join group {self.group_name!r} within "
-                                   f"{self.timeout_s:g} s") from None
+                                   f"{s.timeout_s:g} s") from None
         finally:
             for call in calls:
                 call.cancel()
@@ -142,20 +142,16 @@ class _Group:
 
 
 class BroadcastTransport(WeightTransport):
-    """Weights broadcast over a process group (see the module docstring)."""
+    """Weights broadcast over a process group (see the module docstring); ``settings`` is the
+    ``engine.distributed`` section (backend, address, port, ranks per engine, timeout)."""
 
     name = "distributed"
 
-    def __init__(self, *, api_key: str | None = None, backend: str = "gloo", master_address: str = "127.0.0.1",
-                 master_port: int | None = None, bucket_bytes: int = 256 << 20, timeout_s: float = 120.0,
-                 ranks_per_engine: int = 1) -> None:
+    def __init__(self, settings: DistributedSyncConfig | None = None, *, api_key: str | None = None,
+                 bucket_bytes: int = 256 << 20) -> None:
+        self.settings = settings or DistributedSyncConfig()
         self.api_key = api_key
-        self.backend = backend
-        self.master_address = master_address
-        self.master_port = master_port
         self.bucket_bytes = bucket_bytes
-        self.timeout_s = timeout_s
-        self.ranks_per_engine = ranks_per_engine
         self._group: _Group | None = None
         self._members: tuple[str, ...] = ()
         self.rebuilds = 0  # groups opened for the main membership
@@ -171,10 +167,10 @@ class BroadcastTransport(WeightTransport):
 
     async def _open(self, urls: Sequence[str]) -> _Group:
         # the configured port once; later groups take a fresh one (an old store may linger)
-        port = self.master_port if self.master_port and not self.rebuilds else free_port(self.master_address)
-        group = _Group(urls, api_key=self.api_key, master_address=self.master_address, master_port=port,
-                       group_name=f"relax_weights_{next(_group_ids)}_{port}", backend=self.backend,
-                       timeout_s=self.timeout_s, ranks=self.ranks_per_engine)
+        configured = self.settings.master_port
+        port = configured if configured and not self.rebuilds else free_port(self.settings.master_address)
+        group = _Group(urls, self.settings, api_key=self.api_key, port=port,
+                       group_name=f"relax_weights_{next(_group_ids)}_{port}")
         try:
             await group.open()
         except BaseException:

@@ -216,10 +216,7 @@ def make_transport(engine: EngineConfig, *, api_key: str | None, staging_dir: st
         return DiskTransport(staging_dir, api_key=api_key)
     from relax_gym.trainer.weights.broadcast import BroadcastTransport
 
-    d = engine.distributed
-    return BroadcastTransport(api_key=api_key, backend=d.backend, master_address=d.master_address,
-                              master_port=d.master_port, bucket_bytes=bucket_bytes, timeout_s=d.timeout_s,
-                              ranks_per_engine=d.ranks_per_engine)
+    return BroadcastTransport(engine.distributed, api_key=api_key, bucket_bytes=bucket_bytes)
 
 
 __all__ = ["WeightPublisher", "make_transport"]
