@@ -6,8 +6,9 @@ live :class:`EngineRouter`:
 
 * ``GET /engines`` -- every engine with its state, load, sessions and weight version;
 * ``POST /engines`` ``{"url": ..., "id": optional}`` -- add an engine; it is brought to the
-  current weights (``/update_weights_from_disk`` with the recorded checkpoint and version,
-  verified through ``/get_model_info``) before it takes traffic. 201 with its status;
+  current weights (the router's ``weight_sync`` hook -- the trainer's publisher -- or
+  ``/update_weights_from_disk`` with the recorded checkpoint; verified through
+  ``/get_model_info``) before it takes traffic. 201 with its status;
   409 if the URL is registered; 502 if it is unreachable or the weight sync fails;
 * ``DELETE /engines/{id}`` -- drain (no new episodes; those bound to it finish there), then
   remove. 202 at once (``?wait=true``: 200 when removed); 404 for an unknown id;
