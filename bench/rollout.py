@@ -153,7 +153,8 @@ async def _server_info(url: str) -> dict[str, Any]:
 async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
     from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
     from relax_gym.trainer.models import build_tiny_model
-    from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
+    from relax_gym.chat import ChatCodec
+    from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
 
     folder = build_tiny_model("qwen3", Path(tempfile.mkdtemp(prefix="bench-rollout-")) / "tiny-qwen3",
                               tokenizer=args.tokenizer)
@@ -215,7 +216,8 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
     from relax_gym.trainer.models import load_qwen3_tokenizer
-    from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
+    from relax_gym.chat import ChatCodec
+    from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
 
     codec = ChatCodec(load_qwen3_tokenizer())
     proc, url = start_fast_engine(args.fast_tokens)

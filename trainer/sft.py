@@ -3,8 +3,8 @@
 A random-weight model never samples a correct answer, so RL has no signal. Every shipped env has
 an oracle; :func:`oracle_trajectory` plays an episode with it and lays the conversation out
 *exactly* as the rollout manager would have for a model that wrote the oracle's actions: the
-prompt rendered by the chat template (:class:`~relax_gym.trainer.rollout.ChatCodec`, images
-expanded to their patch counts), each assistant turn as the tokens the model would sample
+prompt rendered by the chat template (a :class:`~relax_gym.chat.ChatContext`, the encoder rollouts
+and evaluation use, images expanded to their patch counts), each assistant turn as the tokens the model would sample
 (content, then the end-of-turn token, loss mask 1), the template's closing glue and each
 observation delta with loss mask 0. SFT then maximises the likelihood of the mask-1 tokens, and
 the token layout the model is trained on is the one it will see at rollout time.
@@ -25,10 +25,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from relax_gym.chat import ChatCodec, ChatContext
 from relax_gym.types import Action, Message, Observation
 from relax_gym.trainer.backends.base import NLLObjective, OptimizerSettings, SequenceBatch, TrainerBackend
 from relax_gym.trainer.config import EnvEntry, WarmupConfig
-from relax_gym.trainer.rollout import ChatCodec, EpisodeSpec, Trajectory, TurnRecord
+from relax_gym.trainer.rollout import EpisodeSpec, Trajectory, TurnRecord
 
 class OracleError(Exception):
     """An oracle episode could not be turned into a training sample (counted, skipped)."""
@@ -74,15 +75,12 @@ def oracle_trajectory(spec: EpisodeSpec, codec: ChatCodec, *, max_turns: int | N
         obs, _ = env.reset(seed=spec.seed, options=spec.options)
         first = _render(env, codec, obs)
         messages: list[Message] = list(obs.messages)
-        if system_prompt and not any(m.get("role") == "system" for m in first):
-            first.insert(0, {"role": "system", "content": system_prompt})
-            messages.insert(0, Message.system(system_prompt))
         tools = [t.to_openai() for t in obs.tools]
-        prompt = codec.prompt(first, tools)
-        ids, mask = list(prompt.ids), [0] * len(prompt.ids)
-        images, grids = [im.convert("RGB") for im in prompt.images], list(prompt.grids)
-        prompt_length = len(ids)
-        end_token, glue = codec.closing_glue[:1], codec.closing_glue[1:]
+        chat = ChatContext(codec, first, tools, system_prompt=system_prompt)
+        if system_prompt and len(chat.messages) > len(first):  # the system prompt went first
+            messages.insert(0, Message.system(system_prompt))
+        mask = [0] * chat.prompt_length
+        end_token = codec.closing_glue[:1]
         oracle = iter(env.oracle())
         turns: list[TurnRecord] = []
         reward, success, info = 0.0, False, {}
@@ -94,7 +92,7 @@ def oracle_trajectory(spec: EpisodeSpec, codec: ChatCodec, *, max_turns: int | N
                 raise OracleError(f"{spec.env_id} seed {spec.seed}: the oracle stopped before the episode ended") from None
             text = assistant_text(codec, action)
             sampled = codec.encode(text) + end_token
-            ids += sampled + glue
+            glue = chat.add_reply(sampled).glue
             mask += [1] * len(sampled) + [0] * len(glue)
             obs, r, terminated, truncated, info = env.step(action)
             reward += float(r)
@@ -106,25 +104,20 @@ def oracle_trajectory(spec: EpisodeSpec, codec: ChatCodec, *, max_turns: int | N
                                     truncated=bool(truncated)))
             if terminated or truncated:
                 break
-            delta = codec.observation_delta(_render(env, codec, obs), tools)
-            ids += delta.ids
+            delta = chat.add_observation(_render(env, codec, obs))
             mask += [0] * len(delta.ids)
-            images += [im.convert("RGB") for im in delta.images]
-            grids += delta.grids
         if not success:
             raise OracleError(f"{spec.env_id} seed {spec.seed}: the oracle episode did not succeed")
-        if len(ids) > max_total_tokens:
-            raise OracleError(f"{spec.env_id} seed {spec.seed}: {len(ids)} tokens > max_total_tokens")
+        if len(chat.ids) > max_total_tokens:
+            raise OracleError(f"{spec.env_id} seed {spec.seed}: {len(chat.ids)} tokens > max_total_tokens")
     finally:
         env.close()
-    from relax_gym.types import ImagePart
-
     traj = Trajectory(
-        token_ids=ids, loss_mask=mask, rollout_logprobs=[0.0] * len(ids),
-        weight_versions=[0 if m else -1 for m in mask], prompt_length=prompt_length,
+        token_ids=chat.ids, loss_mask=mask, rollout_logprobs=[0.0] * len(mask),
+        weight_versions=[0 if m else -1 for m in mask], prompt_length=chat.prompt_length,
         episode_id=f"oracle:{spec.group}", group_id=spec.group, env_id=spec.env_id, seed=spec.seed,
         reward=reward, success=success, stop_reason="env_done", turns=turns, messages=messages, tools=tools,
-        images=[ImagePart(im) for im in images], image_grid_thw=grids,
+        images=chat.images, image_grid_thw=chat.grids,
         image_token_id=codec.vision.image_token_id if codec.vision is not None else None,
         metadata={"oracle": True},
     )

@@ -2,11 +2,12 @@
 
 Text models load with ``AutoModelForCausalLM``. Qwen-VL models (a ``vision_config`` in
 ``config.json``) load with ``AutoModelForImageTextToText`` and take images through the PIL
-image processor saved beside them (torchvision is not needed). One model instance serves every
-episode: generation is serialised behind a lock and runs in a worker thread, and each turn is
-seeded from its episode key, so a run is reproducible whatever the concurrency. Video and audio
-are refused with :class:`ModalityRejected` unless the model's template and processor take them
-(none of the supported families do today).
+image processor saved beside them (torchvision is not needed). The episode is encoded by the
+core's chat encoder, as in training (see ``local_chat.py``), and each turn's generated ids join
+it as they are. One model instance serves every episode: generation is serialised behind a lock
+and runs in a worker thread, and each turn is seeded from its episode key, so a run is
+reproducible whatever the concurrency. Video and audio are refused with
+:class:`ModalityRejected`: the encoder has no tokens for them.
 """
 
 from __future__ import annotations
@@ -17,20 +18,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from relax_gym.chat import ChatCodec
 from relax_gym.core import Env
 from relax_gym.types import Message, Observation
 
-from .base import (
-    Agent,
-    AgentOptions,
-    AgentSession,
-    EpisodeInfo,
-    FatalAgentError,
-    ModalityRejected,
-    TurnResult,
-    count_media,
-)
-from .local_chat import Conversation, LocalChat, ToolCallParser, describe_template
+from .base import Agent, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, TurnResult, count_media
+from .local_chat import Conversation, ToolCallParser, describe_template, load_codec
 
 
 class HFAgent(Agent):
@@ -40,10 +33,9 @@ class HFAgent(Agent):
         self.spec = spec
         self.path = path
         self.options = options
-        self.chat: LocalChat | None = None
+        self.codec: ChatCodec | None = None
         self.model: Any = None
         self.vision = False
-        self._image_processor: Any = None
         self._vision_tokens: Any = None
         self._lock = threading.Lock()
         self._parser: ToolCallParser | None = None
@@ -57,7 +49,9 @@ class HFAgent(Agent):
             raise FatalAgentError(f"hf: {self.path!r} is not a model folder (no config.json)")
         config = json.loads(config_file.read_text())
         self.vision = "vision_config" in config
-        self.chat = LocalChat(self.options.tokenizer or self.path, self.options)
+        self.codec = load_codec(self.options.tokenizer or self.path, self.options)
+        if self.vision and self.codec.vision is None:
+            raise FatalAgentError(f"hf: {self.path!r} has a vision tower but no image processor beside its tokenizer")
         try:
             import torch  # noqa: F401
             from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
@@ -66,11 +60,10 @@ class HFAgent(Agent):
         try:
             if self.vision:
                 # Qwen-VL input preparation is the core's, shared with the engine and the trainer
-                from relax_gym.vision import VisionTokens, load_image_processor
+                from relax_gym.vision import VisionTokens
                 from transformers import AutoConfig
 
                 self.model = AutoModelForImageTextToText.from_pretrained(self.path)
-                self._image_processor = load_image_processor(self.path)
                 self._vision_tokens = VisionTokens.from_config(AutoConfig.from_pretrained(self.path))
             else:
                 self.model = AutoModelForCausalLM.from_pretrained(self.path)
@@ -84,14 +77,14 @@ class HFAgent(Agent):
         return self._parser
 
     def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
-        if self.chat is None:
+        if self.codec is None:
             raise FatalAgentError("hf agent used before start()")
         return _HFSession(self, env, episode)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec": self.spec}
-        if self.chat is not None:
-            out.update(describe_template(self.chat))
+        if self.codec is not None:
+            out.update(describe_template(self.codec))
         return out
 
     def versions(self) -> dict[str, str]:
@@ -99,18 +92,19 @@ class HFAgent(Agent):
 
         return {"transformers": transformers.__version__}
 
-    def generate(self, conv: Conversation, seed: int) -> tuple[str, int, int]:
-        """(generated text, prompt tokens, completion tokens); runs under the model lock."""
+    def generate(self, conv: Conversation, seed: int) -> list[int]:
+        """The generated token ids (the end-of-turn token included); runs under the model lock."""
         import torch
 
-        assert self.chat is not None
-        ids = self.chat.encode(conv.prompt())
+        assert conv.context is not None
+        ids = list(conv.context.ids)
         extra: dict[str, Any] = {}
-        images = [part["image"] for kind, part in conv.media if kind == "image"]
+        images = [part.image for part in conv.context.images]
         if images or self.vision:
             from relax_gym.vision import prepare_vision_inputs
 
-            prepared = prepare_vision_inputs(ids, images, self._image_processor, self._vision_tokens)
+            assert conv.codec.vision is not None  # checked when the model was loaded
+            prepared = prepare_vision_inputs(ids, images, conv.codec.vision.image_processor, self._vision_tokens)
             ids = prepared.input_ids
             extra["mm_token_type_ids"] = torch.tensor([prepared.mm_token_type_ids])
             if prepared.pixel_values is not None:
@@ -131,37 +125,29 @@ class HFAgent(Agent):
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **gen_kwargs, **extra
             )
-        new = out[0, input_ids.shape[1] :].tolist()
-        text = self.chat.tokenizer.decode(new, skip_special_tokens=True)
-        return text, len(ids), len(new)
+        return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
 
 
 class _HFSession(AgentSession):
     def __init__(self, agent: HFAgent, env: Env, episode: EpisodeInfo) -> None:
-        assert agent.chat is not None
+        assert agent.codec is not None
         self.agent, self.episode = agent, episode
-        self.conv = Conversation(agent.chat, env)
+        self.conv = Conversation(agent.codec, env, agent.options)
         self.turn = 0
 
     async def act(self, observation: Observation) -> TurnResult:
-        for kind in sorted(observation.modalities - {"text"}):
-            if kind != "image" or not self.agent.vision:
-                raise ModalityRejected(
-                    kind,
-                    f"hf:{self.agent.path}",
-                    "this local model takes text" + (" and images" if self.agent.vision else " only"),
-                )
         self.conv.add_observation(observation)
+        prompt_tokens = len(self.conv.ids)
         seed = self.episode.turn_seed(self.turn)
         self.turn += 1
-        text, n_prompt, n_new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
+        new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
         parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(text, parser, self.turn - 1)
+        action, reasoning, calls = self.conv.add_reply(new, parser, self.turn - 1)
         return TurnResult(
             action=action,
             message=Message.assistant(action.text, tool_calls=calls),
-            prompt_tokens=n_prompt,
-            completion_tokens=n_new,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(new),
             media_sent=count_media(observation.messages),
             reasoning=reasoning,
         )

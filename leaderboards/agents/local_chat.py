@@ -1,47 +1,49 @@
-"""A conversation rendered locally with the model's own chat template (for ``sglang:`` and ``hf:``).
+"""The conversation of the ``sglang:`` and ``hf:`` agents, encoded by the core's chat encoder.
 
-Messages are kept in the form HF chat templates take: text-only content as a string, media as
-``{"type": "image"}`` / ``{"type": "audio"}`` / ``{"type": "video"}`` placeholder parts whose
-objects are kept aside, in prompt order, for the engine or the processor. Before a modality is
-sent the first time, the template is probed: if rendering a media part adds no special token
-(the template dropped it, or printed the part as text) the model has no slot for that modality,
-and :class:`ModalityRejected` stops the run instead of evaluating a model that never saw the media.
+An episode is a :class:`relax_gym.chat.ChatContext`: the token ids the rollout manager builds
+when it trains on the same episode -- prompt, each reply as generated, the template's closing
+glue, each observation as a delta -- so a model is evaluated on the prompts it is trained on.
+Earlier replies stay as generated, ``<think>`` blocks included (see the ``relax_gym.chat`` module
+docstring for why). The env gets the answer with the thinking split off, and tool calls are
+parsed from that answer here.
+
+A media part the encoder has no tokens for (:meth:`~relax_gym.chat.ChatCodec.takes`: audio and
+video; images without the model's image processor) raises :class:`ModalityRejected` before
+anything is sent, instead of evaluating a model that never saw the media.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
+from relax_gym.chat import MEDIA_KINDS, ChatCodec, ChatContext, TemplateError
 from relax_gym.core import Env
-from relax_gym.media import encode_audio, image_to_data_url, video_to_data_url
 from relax_gym.types import Action, Observation, ToolCall, ToolSpec
 
-from .base import AgentOptions, FatalAgentError, ModalityRejected, split_thinking
-
-MEDIA_KINDS = ("image", "audio", "video")
+from .base import AgentError, AgentOptions, FatalAgentError, ModalityRejected, split_thinking
 
 
-def load_tokenizer(path: str) -> Any:
-    """The tokenizer (with its chat template) saved in a model folder."""
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:  # pragma: no cover - transformers is in the train extra
-        raise FatalAgentError(
-            f"the local chat template needs transformers ({exc}); pip install 'relax-gym[train]'"
-        ) from None
+def load_codec(path: str, options: AgentOptions) -> ChatCodec:
+    """The chat encoder of a model folder (tokenizer, chat template, image processor if any),
+    with ``--thinking`` as the template's ``enable_thinking``."""
     if not Path(path).exists():
         raise FatalAgentError(
             f"tokenizer folder {path!r} does not exist (give the model folder with --model or --tokenizer)"
         )
+    kwargs = {} if options.thinking is None else {"enable_thinking": options.thinking}
     try:
-        tok = AutoTokenizer.from_pretrained(path)
+        return ChatCodec.from_pretrained(path, template_kwargs=kwargs)
+    except ImportError as exc:  # pragma: no cover - transformers is in the train extra
+        raise FatalAgentError(
+            f"the local chat template needs transformers ({exc}); pip install 'relax-gym[train]'"
+        ) from None
+    except TemplateError as exc:
+        raise FatalAgentError(f"the tokenizer in {path!r} has no usable chat template: {exc}") from None
     except (OSError, ValueError) as exc:
         raise FatalAgentError(f"cannot load a tokenizer from {path!r}: {exc}") from None
-    if not getattr(tok, "chat_template", None):
-        raise FatalAgentError(f"the tokenizer in {path!r} has no chat template")
-    return tok
 
 
 class ToolCallParser:
@@ -64,140 +66,72 @@ class ToolCallParser:
         return list(action.tool_calls), list(action.parse_errors)
 
 
-class LocalChat:
-    """A model's tokenizer and chat template, with the per-modality probe."""
-
-    def __init__(self, path: str, options: AgentOptions) -> None:
-        self.path = path
-        self.options = options
-        self.tokenizer = load_tokenizer(path)
-        self._probed: dict[str, bool] = {}
-
-    def render(self, messages: list[dict[str, Any]], tools: list[ToolSpec]) -> str:
-        kwargs: dict[str, Any] = {}
-        if self.options.thinking is not None:
-            kwargs["enable_thinking"] = self.options.thinking
-        return str(
-            self.tokenizer.apply_chat_template(
-                messages,
-                tools=[t.to_openai() for t in tools] or None,
-                add_generation_prompt=True,
-                tokenize=False,
-                **kwargs,
-            )
-        )
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def supports(self, modality: str) -> bool:
-        """Does the template give a ``modality`` part a special-token slot?"""
-        if modality not in self._probed:
-            self._probed[modality] = self._probe(modality)
-        return self._probed[modality]
-
-    def require(self, modality: str) -> None:
-        if not self.supports(modality):
-            raise ModalityRejected(
-                modality,
-                f"the chat template of {self.path}",
-                f"rendering {modality} content adds no special token for it",
-            )
-
-    def _probe(self, modality: str) -> bool:
-        with_media = [
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "A"}, {"type": modality}, {"type": "text", "text": "B"}],
-            }
-        ]
-        without = [{"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}]
-        try:
-            a = self.encode(self.render(with_media, []))
-            b = self.encode(self.render(without, []))
-        except Exception:  # noqa: BLE001 -- a template that cannot render content lists takes no media
-            return False
-        special = set(getattr(self.tokenizer, "all_special_ids", [])) | set(
-            getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
-        )
-        return bool((set(a) - set(b)) & special)
-
-
 class Conversation:
-    """The history of one episode in template form, plus its media in prompt order."""
+    """One episode's :class:`ChatContext`, fed with the env's observations and the model's replies."""
 
-    def __init__(self, chat: LocalChat, env: Env) -> None:
-        self.chat, self.env = chat, env
-        self.messages: list[dict[str, Any]] = []
-        if chat.options.system_prompt:
-            self.messages.append({"role": "system", "content": chat.options.system_prompt})
-        self.media: list[tuple[str, Any]] = []  # (modality, hf-style part) in prompt order
-        self.tools: list[ToolSpec] = []
+    def __init__(self, codec: ChatCodec, env: Env, options: AgentOptions) -> None:
+        self.codec, self.env, self.options = codec, env, options
+        self.context: ChatContext | None = None
+        self.tools: list[ToolSpec] = []  # the latest observation's tools, for parsing
+        self.media: list[str] = []  # modality of each media part sent, in prompt order
 
     def add_observation(self, observation: Observation) -> None:
         """Append the env's new messages; raise :class:`ModalityRejected` before anything is sent."""
         rendered = self.env.format_observation(observation, "hf")
         for msg in rendered:
             content = msg.get("content")
-            if isinstance(content, list):
-                parts = []
-                for part in content:
-                    kind = part.get("type")
-                    if kind in MEDIA_KINDS:
-                        self.chat.require(kind)
-                        self.media.append((kind, part))
-                        parts.append({"type": kind})
-                    else:
-                        parts.append(part)
-                msg = {**msg, "content": parts}
-            self.messages.append(msg)
+            for part in content if isinstance(content, list) else []:
+                kind = part.get("type")
+                if kind in MEDIA_KINDS and not self.codec.takes(kind):
+                    raise ModalityRejected(
+                        kind,
+                        f"the chat encoder of {self.codec.source}",
+                        f"it has no tokens for {kind} (text, and images with the model's image processor)",
+                    )
+                if kind in MEDIA_KINDS:
+                    self.media.append(kind)
+        messages, _ = self.codec.adapt_messages(rendered)
         if observation.tools:
             self.tools = list(observation.tools)
+        try:
+            if self.context is None:
+                tools = [t.to_openai() for t in observation.tools]
+                self.context = ChatContext(self.codec, messages, tools, system_prompt=self.options.system_prompt)
+            else:
+                self.context.add_observation(messages)
+        except TemplateError as exc:
+            raise AgentError(f"chat template: {exc}") from None
 
-    def prompt(self) -> str:
-        return self.chat.render(self.messages, self.tools)
+    @property
+    def ids(self) -> list[int]:
+        """The context to generate from: every token so far, ending at a generation prompt."""
+        if self.context is None:
+            raise AgentError("no observation yet")
+        return self.context.ids
 
     def add_reply(
-        self, text: str, parser: ToolCallParser | None, turn: int
+        self, output_ids: list[int], parser: ToolCallParser | None, turn: int
     ) -> tuple[Action, str | None, list[ToolCall]]:
-        """Turn generated text into the env's action and append it to the history.
+        """Append the generated tokens as they are and turn their text into the env's action.
 
-        The history keeps the answer as generated, tool-call blocks included and without a
-        ``tool_calls`` field: the template re-renders exactly the tokens the model wrote
-        (thinking aside, which templates drop from earlier turns anyway).
+        A vision marker the model emitted is cut off with what follows, as in training.
         """
-        answer, reasoning = split_thinking(text)
+        if self.context is None:
+            raise AgentError("a reply before any observation")
+        cut = self.codec.first_reserved(output_ids)
+        reply = self.context.add_reply(output_ids if cut is None else output_ids[:cut])
+        answer, reasoning = split_thinking(reply.action_text)
         calls: list[ToolCall] = []
         errors: list[str] = []
         if parser is not None and self.tools:
             calls, errors = parser.parse(answer, turn=turn, tools=self.tools)
-        self.messages.append({"role": "assistant", "content": answer})
         return Action(text=answer, tool_calls=calls, parse_errors=errors), reasoning, calls
 
-    def media_payload(self) -> dict[str, list[str]]:
-        """SGLang's ``image_data`` / ``audio_data`` / ``video_data`` lists (data URLs), in order."""
-        out: dict[str, list[str]] = {}
-        for kind, part in self.media:
-            if kind == "image":
-                out.setdefault("image_data", []).append(image_to_data_url(part["image"]))
-            elif kind == "audio":
-                import base64
 
-                wav = encode_audio(part["audio"], int(part["sampling_rate"]), "wav")
-                out.setdefault("audio_data", []).append(
-                    "data:audio/wav;base64," + base64.b64encode(wav).decode("ascii")
-                )
-            elif kind == "video":
-                out.setdefault("video_data", []).append(video_to_data_url(part["video"], float(part["fps"])))
-        return out
+def describe_template(codec: ChatCodec) -> dict[str, Any]:
+    """What identifies the local encoder (its hash goes into the run's config)."""
+    template = json.dumps(codec.chat_template, sort_keys=True)
+    return {"tokenizer": codec.source, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()[:16]}
 
 
-def describe_template(chat: LocalChat) -> dict[str, Any]:
-    """What identifies the local template (its hash goes into the run's config)."""
-    import hashlib
-
-    template = json.dumps(chat.tokenizer.chat_template, sort_keys=True)
-    return {"tokenizer": chat.path, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()[:16]}
-
-
-__all__ = ["Conversation", "LocalChat", "MEDIA_KINDS", "ToolCallParser", "describe_template", "load_tokenizer"]
+__all__ = ["Conversation", "ToolCallParser", "describe_template", "load_codec"]

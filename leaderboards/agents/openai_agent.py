@@ -27,18 +27,8 @@ from relax_gym.protocol import (
 )
 from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
-from .base import (
-    Agent,
-    AgentError,
-    AgentOptions,
-    AgentSession,
-    EpisodeInfo,
-    FatalAgentError,
-    ModalityRejected,
-    TurnResult,
-    count_media,
-    split_thinking,
-)
+from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
+                   TurnResult, count_media, split_thinking)
 
 # Words servers use when they refuse content they cannot take (vLLM, SGLang, OpenAI, ours).
 _MODALITY_HINT = re.compile(

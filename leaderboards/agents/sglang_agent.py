@@ -1,10 +1,11 @@
 """``sglang:URL`` -- SGLang's native ``/generate``, token-in, with the chat template applied here.
 
-The conversation is rendered with the model's own template (``--tokenizer``, else ``--model``,
-else the ``tokenizer_path`` / ``model_path`` the server reports when that folder exists on this
-machine) and sent as ``input_ids``; images, audio and video go as ``image_data`` /
-``audio_data`` / ``video_data`` data URLs in prompt order. Tool calls are parsed from the
-generated text with a ``relax_gym.tools`` parser (``--tool-parser``, default ``hermes``).
+The episode is encoded by the core's chat encoder with the model's own template
+(``--tokenizer``, else ``--model``, else the ``tokenizer_path`` / ``model_path`` the server
+reports when that folder exists on this machine) -- the token ids the rollout manager sends when
+it trains on the same episode -- and sent as ``input_ids``, images as ``image_data`` data URLs in
+prompt order. Each reply's ``output_ids`` join the context as generated. Tool calls are parsed
+from the generated text with a ``relax_gym.tools`` parser (``--tool-parser``, default ``hermes``).
 """
 
 from __future__ import annotations
@@ -12,29 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from relax_gym.chat import ChatCodec
 from relax_gym.core import Env
-from relax_gym.protocol import (
-    EngineClient,
-    EngineError,
-    EngineTimeout,
-    EngineUnavailable,
-    GenerateRequest,
-    SamplingParams,
-)
+from relax_gym.protocol import EngineClient, EngineError, EngineTimeout, EngineUnavailable, GenerateRequest, SamplingParams
 from relax_gym.types import Message, Observation
 
-from .base import (
-    Agent,
-    AgentError,
-    AgentOptions,
-    AgentSession,
-    EpisodeInfo,
-    FatalAgentError,
-    ModalityRejected,
-    TurnResult,
-    count_media,
-)
-from .local_chat import Conversation, LocalChat, ToolCallParser, describe_template
+from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
+                   TurnResult, count_media)
+from .local_chat import Conversation, ToolCallParser, describe_template, load_codec
 from .openai_agent import _MODALITY_HINT, api_base
 
 
@@ -46,7 +32,7 @@ class SGLangAgent(Agent):
         self.url = api_base(url)
         self.options = options
         self.client = EngineClient(self.url, api_key=options.api_key, timeout_s=options.timeout_s)
-        self.chat: LocalChat | None = None
+        self.codec: ChatCodec | None = None
         self._parser: ToolCallParser | None = None
         self._server: dict[str, Any] = {}
 
@@ -66,7 +52,7 @@ class SGLangAgent(Agent):
                 "sglang: needs the model's tokenizer to apply its chat template here: pass --tokenizer "
                 "or --model with the model folder"
             )
-        self.chat = LocalChat(path, self.options)
+        self.codec = load_codec(path, self.options)
 
     def parser(self) -> ToolCallParser:
         if self._parser is None:
@@ -74,7 +60,7 @@ class SGLangAgent(Agent):
         return self._parser
 
     def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
-        if self.chat is None:
+        if self.codec is None:
             raise FatalAgentError("sglang agent used before start()")
         return _SGLangSession(self, env, episode)
 
@@ -83,8 +69,8 @@ class SGLangAgent(Agent):
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec": self.spec}
-        if self.chat is not None:
-            out.update(describe_template(self.chat))
+        if self.codec is not None:
+            out.update(describe_template(self.codec))
         return out
 
     def versions(self) -> dict[str, str]:
@@ -93,58 +79,53 @@ class SGLangAgent(Agent):
 
 class _SGLangSession(AgentSession):
     def __init__(self, agent: SGLangAgent, env: Env, episode: EpisodeInfo) -> None:
-        assert agent.chat is not None
+        assert agent.codec is not None
         self.agent, self.episode = agent, episode
-        self.conv = Conversation(agent.chat, env)
+        self.conv = Conversation(agent.codec, env, agent.options)
         self.turn = 0
+
+    def _request(self) -> GenerateRequest:
+        o, codec = self.agent.options, self.conv.codec
+        params = SamplingParams(max_new_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
+                                top_k=o.top_k, min_p=o.min_p, sampling_seed=self.episode.turn_seed(self.turn),
+                                stop_token_ids=sorted(codec.reserved_ids) or None)
+        payloads = self.conv.context.payloads if self.conv.context is not None else []
+        return GenerateRequest(input_ids=list(self.conv.ids), sampling_params=params, image_data=payloads or None)
 
     async def act(self, observation: Observation) -> TurnResult:
         self.conv.add_observation(observation)
-        chat = self.agent.chat
-        assert chat is not None
-        input_ids = chat.encode(self.conv.prompt())
-        o = self.agent.options
-        media = self.conv.media_payload()
-        request = GenerateRequest(
-            input_ids=input_ids,
-            sampling_params=SamplingParams(
-                max_new_tokens=o.max_tokens,
-                temperature=o.temperature,
-                top_p=o.top_p,
-                top_k=o.top_k,
-                min_p=o.min_p,
-                sampling_seed=self.episode.turn_seed(self.turn),
-            ),
-            image_data=media.get("image_data"),
-            audio_data=media.get("audio_data"),
-            video_data=media.get("video_data"),
-        )
+        request = self._request()
         self.turn += 1
         try:
             reply = await self.agent.client.generate(request)
+            output_ids = reply.token_ids()
         except EngineTimeout as exc:
             raise AgentError(f"timed out: {exc}") from None
         except EngineUnavailable as exc:
             raise AgentError(f"server unavailable: {exc}") from None
         except EngineError as exc:
-            kinds = sorted({k for k, _ in self.conv.media})
-            if exc.status in (401, 403):
-                raise FatalAgentError(f"the server refused the API key: {exc}") from None
-            if exc.status and 400 <= exc.status < 500 and kinds and _MODALITY_HINT.search(str(exc)):
-                named = [k for k in kinds if k in str(exc).lower()]
-                raise ModalityRejected(named[0] if named else "/".join(kinds), self.agent.url, str(exc)) from None
-            raise AgentError(str(exc)) from None
+            raise self._refused(exc) from None
         parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(reply.text, parser, self.turn - 1)
+        action, reasoning, calls = self.conv.add_reply(output_ids, parser, self.turn - 1)
         meta = reply.meta_info
         return TurnResult(
             action=action,
             message=Message.assistant(action.text, tool_calls=calls),
-            prompt_tokens=meta.prompt_tokens or len(input_ids),
-            completion_tokens=meta.completion_tokens or len(reply.output_ids or []),
+            prompt_tokens=meta.prompt_tokens or len(request.input_ids or []),
+            completion_tokens=meta.completion_tokens or len(output_ids),
             media_sent=count_media(observation.messages),
             reasoning=reasoning,
         )
+
+    def _refused(self, exc: EngineError) -> AgentError:
+        """The error for a request the server refused: a modality it cannot take stops the run."""
+        kinds = sorted(set(self.conv.media))
+        if exc.status in (401, 403):
+            return FatalAgentError(f"the server refused the API key: {exc}")
+        if exc.status and 400 <= exc.status < 500 and kinds and _MODALITY_HINT.search(str(exc)):
+            named = [k for k in kinds if k in str(exc).lower()]
+            return ModalityRejected(named[0] if named else "/".join(kinds), self.agent.url, str(exc))
+        return AgentError(str(exc))
 
 
 __all__ = ["SGLangAgent"]

@@ -97,7 +97,7 @@ def test_sglang_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path
     assert res.fatal is None and res.summary["complete"]
     assert res.summary["config"]["agent"]["chat_template_sha256"]
     _check_images_reached_the_model(models["vl"], tmp_path / "sg", episodes=8)
-    # without --model the template is found through the server's /get_model_info; it has no audio slot
+    # without --model the template is found through the server's /get_model_info; the encoder has no audio tokens
     stopped = _run(
         f"sglang:{engine.url}",
         tmp_path / "sg-audio",
@@ -106,7 +106,7 @@ def test_sglang_agent_on_the_embedded_engine(engine: Any, models: dict[str, Path
         episodes=1,
     )
     assert stopped.fatal is not None and "does not accept audio input" in stopped.fatal
-    assert "chat template of " + str(models["vl"]) in stopped.fatal
+    assert "chat encoder of " + str(models["vl"]) in stopped.fatal
 
 
 @pytest.mark.slow
@@ -137,27 +137,32 @@ def _answers(out: Path) -> dict[tuple[str, int, int], str]:
 
 
 def test_local_template_tool_round_trip(models: dict[str, Path]) -> None:
-    """sglang:/hf: conversations: hermes tool calls parsed from the text, answered by the env,
-    re-rendered once; the tool response reaches the next prompt."""
-    from relax_gym.leaderboards.agents.local_chat import Conversation, LocalChat, ToolCallParser
+    """sglang:/hf: conversations: hermes tool calls parsed from the generated text, answered by the
+    env; the reply's tokens stay in the context as generated and the tool response follows."""
+    from relax_gym.leaderboards.agents.local_chat import Conversation, ToolCallParser, load_codec
 
     import relax_gym
 
     env = relax_gym.make("lbtest/Lookup-v0")
     obs, _ = env.reset(seed=3)
-    conv = Conversation(LocalChat(str(models["vl"]), AgentOptions(thinking=False)), env)
+    options = AgentOptions(thinking=False)
+    conv = Conversation(load_codec(str(models["vl"]), options), env, options)
     conv.add_observation(obs)
-    first = conv.prompt()
-    assert '"name": "lookup"' in first  # tools rendered into the template's system block
-    reply = '<tool_call>\n{"name": "lookup", "arguments": {"key": "secret"}}\n</tool_call>'
+    codec = conv.codec
+    first = list(conv.ids)
+    assert '"name": "lookup"' in codec.decode(first)  # tools rendered into the template's system block
+    reply = codec.encode('<tool_call>\n{"name": "lookup", "arguments": {"key": "secret"}}\n</tool_call>')
+    reply += codec.closing_glue[:1]  # the engine stops on <|im_end|>
     action, reasoning, calls = conv.add_reply(reply, ToolCallParser("hermes"), turn=0)
     assert [(c.name, c.arguments, c.id) for c in calls] == [("lookup", {"key": "secret"}, "call_0_0")]
     assert reasoning is None and not action.parse_errors
     obs, _, terminated, _, _ = env.step(action)
     assert not terminated and obs.messages[0].role == "tool"
     conv.add_observation(obs)
-    second = conv.prompt()
-    assert second.count("<tool_call>") == first.count("<tool_call>") + 1  # the call, rendered once
-    assert f"<tool_response>\n{env.unwrapped.secret}\n</tool_response>" in second
-    bad, _, _ = conv.add_reply("<tool_call>{oops</tool_call>", ToolCallParser("hermes"), turn=1)
+    second = conv.ids
+    assert second[: len(first) + len(reply)] == first + reply  # append-only: the reply as generated
+    text = codec.decode(second)
+    assert text.count("<tool_call>") == codec.decode(first).count("<tool_call>") + 1  # the call, once
+    assert f"<tool_response>\n{env.unwrapped.secret}\n</tool_response>" in text
+    bad, _, _ = conv.add_reply(codec.encode("<tool_call>{oops</tool_call>"), ToolCallParser("hermes"), turn=1)
     assert not bad.tool_calls and bad.parse_errors and "malformed JSON" in bad.parse_errors[0]

@@ -48,7 +48,7 @@ def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def codec(tiny_qwen3: Path) -> Any:
     """The tiny Qwen3's chat codec (the real Qwen3 tokenizer and template), loaded once."""
-    from relax_gym.trainer.rollout import ChatCodec
+    from relax_gym.chat import ChatCodec
 
     return ChatCodec.from_pretrained(tiny_qwen3)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 import pytest
+from relax_gym.chat import ChatCodec
 from relax_gym.trainer.rollout import (
-    ChatCodec,
     ControlServer,
     EngineRouter,
     RolloutConfig,

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from relax_gym.chat import DriftReport
 from relax_gym.trainer.rollout import (
-    DriftReport,
     Trajectory,
     TrajectoryError,
     TurnRecord,

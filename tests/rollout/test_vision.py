@@ -8,8 +8,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from relax_gym.chat import ChatCodec
 from relax_gym.trainer.rollout import (
-    ChatCodec,
     EngineRouter,
     EpisodeSpec,
     RolloutConfig,
@@ -19,6 +19,7 @@ from relax_gym.trainer.rollout import (
 )
 
 from relax_gym import ImagePart
+from relax_gym.vision import image_token_count
 
 from .envs import ImageTurnsEnv
 from .forward import load_model, max_sampled_diff
@@ -47,7 +48,8 @@ async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path, tmp_path: Path
         assert traj.image_grid_thw == codec.vision.grids(shown)
         assert len({tuple(g) for g in traj.image_grid_thw}) == 3  # three different patch grids
         # pads expanded per image: one run per image, each of its patch count
-        assert sum(traj.mm_token_type_ids) == sum(codec.vision.pad_count(g) for g in traj.image_grid_thw)
+        merge = codec.vision.merge_size  # type: ignore[union-attr]
+        assert sum(traj.mm_token_type_ids) == sum(image_token_count(g, merge) for g in traj.image_grid_thw)
         assert all(m == 0 for m, t in zip(traj.loss_mask, traj.mm_token_type_ids) if t)
         worst = max(worst, max_sampled_diff(model, traj, codec.vision.image_processor))
     # replay: the JSONL + media round trip rebuilds the same forward-pass inputs

@@ -11,12 +11,14 @@ import torch
 
 import relax_gym
 from relax_gym import Message, Observation
+from relax_gym.chat import ChatCodec
 from relax_gym.trainer.config import EnvEntry, WarmupConfig
 from relax_gym.trainer.rollout.sampler import EpisodeSampler
-from relax_gym.trainer.rollout import ChatCodec, EpisodeSpec
+from relax_gym.trainer.rollout import EpisodeSpec
 from relax_gym.trainer.sft import OracleError, WarmupPhase, assistant_text, oracle_trajectory, sft_batch
 from relax_gym.trainer.backends.pytorch import TorchBackend
 from relax_gym.types import Action, ToolCall
+from relax_gym.vision import image_token_count
 
 
 def codec_for(model: Path) -> ChatCodec:
@@ -67,7 +69,7 @@ def test_image_oracle_carries_its_pixels(tiny_vl_model: Path) -> None:
     assert len(traj.images) == 1 and traj.image_grid_thw and traj.image_token_id is not None
     assert codec.vision is not None
     vis = traj.vision_inputs(codec.vision.image_processor)
-    assert int(vis["mm_token_type_ids"].sum()) == codec.vision.pad_count(traj.image_grid_thw[0])
+    assert int(vis["mm_token_type_ids"].sum()) == image_token_count(traj.image_grid_thw[0], codec.vision.merge_size)
     batch = sft_batch([traj], codec.vision.image_processor)
     assert batch.multimodal[0]["pixel_values"].shape[0] == int(torch.tensor(traj.image_grid_thw).prod())
 

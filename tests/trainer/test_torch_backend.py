@@ -160,7 +160,7 @@ def test_export_weights_in_hf_naming_and_buckets(tiny_text_model: Path, tmp_path
 
 
 def test_vision_batch_matches_a_plain_forward(tiny_vl_model: Path) -> None:
-    from relax_gym.trainer.rollout import ChatCodec
+    from relax_gym.chat import ChatCodec
 
     be = TorchBackend(tiny_vl_model, micro_batch_size=2)
     codec = ChatCodec.from_pretrained(tiny_vl_model, template_kwargs={"enable_thinking": False})

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from relax_gym.chat import ChatCodec
 from relax_gym.rewards import RewardComposer
 from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective, TrainerBackend
 from relax_gym.trainer.checkpoint import (
@@ -51,7 +52,7 @@ from relax_gym.trainer.checkpoint import (
 from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
-from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
 from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs

@@ -37,7 +37,7 @@ class LogprobWorker:
     def __init__(self, kind: Kind, model_path: str | Path, queue: Role, *, temperature: float = 1.0,
                  micro_batch_size: int = 16, claim_groups: int = 4, poll_s: float = 0.1, device: str = "cpu",
                  threads: int | None = None) -> None:
-        from relax_gym.trainer.rollout import ChatCodec
+        from relax_gym.chat import ChatCodec
         from relax_gym.trainer.backends.pytorch import TorchBackend
 
         if threads:

@@ -39,12 +39,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from relax_gym.chat import ChatCodec
 from relax_gym.trainer.checkpoint import CheckpointError
 from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.env_errors import EnvErrorRateExceeded, EnvErrorWindow
 from relax_gym.trainer.algorithms.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite
-from relax_gym.trainer.rollout import ChatCodec, EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
 from relax_gym.trainer.modes.trajectory_queue import QueuedGroup, QueuedSample
 from relax_gym.trainer.modes.reward_workers import score_with_retries

@@ -102,8 +102,10 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
         return TrajectoryQueue(capacity=a.capacity(config.rollout.prompts_per_step), max_staleness=a.max_staleness,
                                stale_policy=a.stale_policy, version=int(kw.get("version", 0)))
     if kind == "rollout":
+        from relax_gym.chat import ChatCodec
+
         from relax_gym.trainer.modes.producer import RolloutProducer
-        from relax_gym.trainer.rollout import ChatCodec, EngineRouter
+        from relax_gym.trainer.rollout import EngineRouter
 
         learner = kw["learner"]
         # joiners and revived engines get the learner's published weights; the learner's own

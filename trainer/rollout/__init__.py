@@ -4,14 +4,12 @@
   :class:`Trajectory` samples;
 * :class:`EngineRouter` -- least-loaded routing with session affinity over several SGLang-protocol
   engines, health checks, failover, pause/continue/abort, weight sync, elastic add/drain;
-* :class:`ChatCodec` -- the chat-template rules for token-in/token-out (prompt, glue, observation
-  deltas, drift check);
 * :class:`ControlServer` -- the token-protected REST API that adds and removes engines at run time.
 
-See ``docs/rollout.md``.
+Episodes are encoded by the core's chat encoder (:mod:`relax_gym.chat`: ``ChatCodec`` and
+``ChatContext``), the one ``relax-gym eval`` uses too. See ``docs/rollout.md``.
 """
 
-from relax_gym.trainer.rollout.chat import ChatCodec, Rendered, TemplateError, ThinkPolicy, VisionSupport
 from relax_gym.trainer.rollout.config import RolloutConfig
 from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
 from relax_gym.trainer.rollout.manager import RolloutManager
@@ -20,7 +18,6 @@ from relax_gym.trainer.rollout.router import EngineHandle, EngineRouter, NoEngin
 from relax_gym.trainer.rollout.trajectory import (
     FAILED_STOP_REASONS,
     STOP_REASONS,
-    DriftReport,
     StopReason,
     Trajectory,
     TrajectoryError,
@@ -43,25 +40,19 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "FAILED_STOP_REASONS",
     "STOP_REASONS",
-    "ChatCodec",
     "ControlServer",
-    "DriftReport",
     "EngineHandle",
     "EngineRouter",
     "EpisodeRunner",
     "EpisodeSpec",
     "NoEngineAvailable",
-    "Rendered",
     "RolloutConfig",
     "RolloutManager",
     "RolloutMetrics",
     "StopReason",
-    "TemplateError",
-    "ThinkPolicy",
     "Trajectory",
     "TrajectoryError",
     "TurnRecord",
-    "VisionSupport",
     "WeightSyncError",
     "iter_jsonl",
     "load_jsonl",

@@ -1,7 +1,9 @@
 """One episode, token-in/token-out: env.reset -> [generate -> env.step -> observation delta] x turns.
 
 :class:`EpisodeRunner` owns the token lists while the episode runs and turns them into
-:class:`Trajectory` samples at the end. The rules (see ``docs/rollout.md``):
+:class:`Trajectory` samples at the end. The token ids are a :class:`relax_gym.chat.ChatContext`,
+the encoder ``relax-gym eval`` uses too, so training and evaluation see the same prompts. The
+rules (see ``docs/rollout.md``):
 
 * the prompt is the first observation rendered by the chat template with the tools, mask 0;
 * each generated segment is appended from the engine's ``output_ids`` with its logprobs, mask 1
@@ -24,10 +26,10 @@ import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
+from relax_gym.chat import ChatCodec, ChatContext, DriftReport, Rendered, Reply, TemplateError
 from relax_gym.core import Env
-from relax_gym.media import image_to_data_url
 from relax_gym.protocol import (
     EngineError,
     EngineTimeout,
@@ -36,15 +38,15 @@ from relax_gym.protocol import (
     GenerateResponse,
     SamplingParams,
 )
-from relax_gym.types import Action, ImagePart, Message, Observation, ToolCall
+from relax_gym.types import Action, Message, Observation, ToolCall
 
-from relax_gym.trainer.rollout.chat import ChatCodec, Rendered, TemplateError
 from relax_gym.trainer.rollout.config import RolloutConfig
 from relax_gym.trainer.rollout.metrics import RolloutMetrics
 from relax_gym.trainer.rollout.router import EngineRouter, NoEngineAvailable, parse_weight_version
-from relax_gym.trainer.rollout.trajectory import DriftReport, StopReason, Trajectory, TurnRecord, json_safe
+from relax_gym.trainer.rollout.trajectory import StopReason, Trajectory, TurnRecord, json_safe
 
 TurnGate = Callable[[], Awaitable[None]]
+_T = TypeVar("_T")
 log = logging.getLogger(__name__)
 
 
@@ -71,50 +73,35 @@ class Segment:
     failovers: int = 0
 
 
-@dataclass(slots=True)
 class _Part:
-    """The token lists of one training sample under construction."""
+    """One training sample under construction: the episode's :class:`ChatContext` (the token ids,
+    shared with evaluation) and the lists that run in parallel to its ids."""
 
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    prompt_length: int = 0
-    images: list[ImagePart] = field(default_factory=list)
-    grids: list[list[int]] = field(default_factory=list)
-    payloads: list[str] = field(default_factory=list)  # image_data for the engine, one per image
-    turns: list[TurnRecord] = field(default_factory=list)
-    context: list[dict[str, Any]] = field(default_factory=list)  # template messages the ids encode
-    context_end: int = 0  # len(ids) at the last generation prompt
-    context_count: int = 0  # len(context) at that point (the messages those ids encode)
+    def __init__(self, chat: ChatContext) -> None:
+        self.chat = chat
+        self.mask: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.turns: list[TurnRecord] = []
+        self._pad(len(chat.ids))
 
-    def mark_generation_prompt(self) -> None:
-        self.context_end = len(self.ids)
-        self.context_count = len(self.context)
-
-    def add_context(self, rendered: Rendered) -> None:
-        n = len(rendered.ids)
-        self.ids.extend(rendered.ids)
+    def _pad(self, n: int) -> None:
         self.mask.extend([0] * n)
         self.logprobs.extend([0.0] * n)
         self.versions.extend([-1] * n)
-        for image, grid in zip(rendered.images, rendered.grids, strict=True):
-            rgb = image.convert("RGB")
-            self.images.append(ImagePart(rgb))
-            self.grids.append(grid)
-            self.payloads.append(image_to_data_url(rgb))
 
-    def add_glue(self, ids: list[int]) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([0] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
-        self.versions.extend([-1] * len(ids))
+    def add_observation(self, delta: Rendered, messages: list[dict[str, Any]]) -> None:
+        self.chat.extend(delta, messages)
+        self._pad(len(delta.ids))
 
-    def add_sampled(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
-        self.ids.extend(ids)
-        self.mask.extend([1] * len(ids))
-        self.logprobs.extend(logprobs)
-        self.versions.extend(versions)
+    def add_reply(self, segment: Segment) -> Reply:
+        """The sampled tokens (mask 1, with their logprobs and versions), then the glue (mask 0)."""
+        reply = self.chat.add_reply(segment.ids)
+        self.mask.extend([1] * len(segment.ids))
+        self.logprobs.extend(segment.logprobs)
+        self.versions.extend(segment.versions)
+        self._pad(len(reply.glue))
+        return reply
 
 
 @dataclass(slots=True)
@@ -152,17 +139,14 @@ class EpisodeRunner:
         self.metrics = metrics
         self.turn_gate = turn_gate
         self.stopping = stopping or asyncio.Event()
-        self.parts: list[_Part] = [_Part()]
+        self.parts: list[_Part] = []  # one per training sample; the first starts with the prompt
         self.messages: list[Message] = []
         self.tools: list[dict[str, Any]] = []
-        self._tools_key = ""
         self.reward = 0.0
         self.reward_components: dict[str, float] = {}
         self.success = False
         self._requests = 0
-        reserved = codec.vision.reserved_ids if codec.vision is not None else frozenset()
-        self._reserved = reserved
-        stops = sorted(set(config.stop_token_ids or []) | reserved)
+        stops = sorted(set(config.stop_token_ids or []) | codec.reserved_ids)
         self._stop_ids: list[int] | None = stops or None
 
     @property
@@ -256,19 +240,14 @@ class EpisodeRunner:
             raise _EpisodeStop("env_error", f"reset returned {type(obs).__name__}, expected Observation")
         self.messages.extend(obs.messages)
         self.tools = [t.to_openai() for t in obs.tools]
-        self._tools_key = self.codec.tools_key(self.tools)
         first = self._render_messages(env, obs)
-        if self.config.system_prompt and not any(m.get("role") == "system" for m in first):
-            first.insert(0, {"role": "system", "content": self.config.system_prompt})
-            self.messages.insert(0, Message.system(self.config.system_prompt))
-        prompt = self._template(lambda: self.codec.prompt(first, self.tools))
-        part = self.part
-        part.add_context(prompt)
-        part.context = list(first)
-        part.prompt_length = len(part.ids)
-        part.mark_generation_prompt()
-        if part.prompt_length >= self.config.max_total_tokens:
-            raise _EpisodeStop("max_tokens", f"the prompt has {part.prompt_length} tokens")
+        system = self.config.system_prompt
+        chat = self._template(lambda: ChatContext(self.codec, first, self.tools, system_prompt=system))
+        if system and len(chat.messages) > len(first):  # the config's system prompt went first
+            self.messages.insert(0, Message.system(system))
+        self.parts.append(_Part(chat))
+        if chat.prompt_length >= self.config.max_total_tokens:
+            raise _EpisodeStop("max_tokens", f"the prompt has {chat.prompt_length} tokens")
 
         max_turns = self.config.max_turns or getattr(env, "max_turns", None) or 1_000_000
         for turn in range(max_turns):
@@ -276,24 +255,18 @@ class EpisodeRunner:
                 return "aborted"
             if self.turn_gate is not None:
                 await self.turn_gate()
-            budget = self.config.max_total_tokens - len(self.part.ids)
+            budget = self.config.max_total_tokens - len(self.part.chat.ids)
             if budget <= 0:
                 return "max_tokens"
             max_new = min(self.spec.max_new_tokens or self.config.max_new_tokens, budget)
             segment = await self._generate(max_new)
-            part = self.part
-            part.add_sampled(segment.ids, segment.logprobs, segment.versions)
-            overlap, glue = self.codec.split_segment(segment.ids)
-            part.add_glue(glue)
-            content_ids = segment.ids[: len(segment.ids) - overlap]
-            raw_text = self.codec.decode(content_ids)
-            action_text = self.codec.decode(content_ids, skip_special_tokens=True)
-            part.context.append({"role": "assistant", "content": self.codec.assistant_prefix + raw_text})
+            reply = self.part.add_reply(segment)
+            raw_text = reply.text
             if segment.finish == "abort":  # the manager is stopping: keep what we have
                 self._record_turn(turn, segment, raw_text, None, 0.0, 0.0, {}, False, False, [])
                 return "aborted"
 
-            action = Action(text=action_text)
+            action = Action(text=reply.action_text)
             start = time.perf_counter()
             result = await self._env_call("step", self._step_fn(env, action))
             env_latency = time.perf_counter() - start
@@ -320,16 +293,13 @@ class EpisodeRunner:
             if self.config.think_policy == "split" and self._needs_split(new_msgs):
                 self._start_new_part(new_msgs)
             else:
-                delta = self._template(partial(self.codec.observation_delta, new_msgs, self.tools,
-                                               tools_key=self._tools_key))
-                if len(self.part.ids) + len(delta.ids) >= self.config.max_total_tokens:
+                delta = self._template(partial(self.part.chat.observation, new_msgs))
+                if len(self.part.chat.ids) + len(delta.ids) >= self.config.max_total_tokens:
                     return "max_tokens"
-                self.part.add_context(delta)
-                self.part.context.extend(new_msgs)
-            self.part.mark_generation_prompt()
+                self.part.add_observation(delta, new_msgs)
         return "max_turns"
 
-    def _template(self, fn: Callable[[], Rendered]) -> Rendered:
+    def _template(self, fn: Callable[[], _T]) -> _T:
         try:
             return fn()
         except TemplateError as exc:
@@ -338,24 +308,16 @@ class EpisodeRunner:
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
-        try:
-            return self.codec.template_drops_reasoning([*self.part.context, *new_msgs], self.tools)
-        except TemplateError:
-            return False
+        return self.part.chat.drops_reasoning(new_msgs)
 
     def _start_new_part(self, new_msgs: list[dict[str, Any]]) -> None:
         """Close the current sample and start one whose context is the template's own render of
         the conversation so far (earlier reasoning dropped as the template wants)."""
-        context = [*self.part.context, *new_msgs]
-        rendered = self._template(lambda: self.codec.prompt(context, self.tools))
-        if len(rendered.ids) >= self.config.max_total_tokens:
+        context = [*self.part.chat.messages, *new_msgs]
+        chat = self._template(lambda: ChatContext(self.codec, context, self.tools))
+        if chat.prompt_length >= self.config.max_total_tokens:
             raise _EpisodeStop("max_tokens", "the re-rendered context of a new sample exceeds max_total_tokens")
-        part = _Part()
-        part.add_context(rendered)
-        part.context = context
-        part.prompt_length = len(part.ids)
-        part.mark_generation_prompt()
-        self.parts.append(part)
+        self.parts.append(_Part(chat))
 
     # -- generation -----------------------------------------------------------------------------------
     def _request(self, part: _Part, segment: Segment, max_new: int) -> GenerateRequest:
@@ -366,8 +328,8 @@ class EpisodeRunner:
             key = f"{cfg.sampling_seed}:{self.spec.group}:{self.sample_index}:{self._requests}"
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
         return GenerateRequest(
-            input_ids=part.ids + segment.ids,
-            image_data=list(part.payloads) or None,
+            input_ids=part.chat.ids + segment.ids,
+            image_data=list(part.chat.payloads) or None,
             sampling_params=SamplingParams(
                 max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, min_p=0.0, stop_token_ids=self._stop_ids, skip_special_tokens=False,
@@ -458,9 +420,8 @@ class EpisodeRunner:
         if reply.meta_info.prompt_tokens and reply.meta_info.prompt_tokens != expected_prompt:
             self.metrics.engine_prompt_mismatch += 1
         versions = _token_versions(reply, len(ids))
-        if self._reserved and any(t in self._reserved for t in ids):
-            # the model emitted a vision placeholder: keep the exact prefix sampled before it
-            cut = next(i for i, t in enumerate(ids) if t in self._reserved)
+        cut = self.codec.first_reserved(ids)
+        if cut is not None:  # the model emitted a vision placeholder: keep the exact prefix before it
             ids, logprobs, versions, finish = ids[:cut], logprobs[:cut], versions[:cut], "stop"
             self.metrics.reserved_tokens_cut += 1
         segment.ids.extend(ids)
@@ -536,47 +497,17 @@ class EpisodeRunner:
         return list(action.tool_calls), list(action.parse_errors)
 
     def _finish(self, reason: StopReason, error: str | None) -> list[Trajectory]:
+        """The episode's samples (one empty sample when it failed before its prompt), counted."""
         self.metrics.episodes_finished += 1
         self.metrics.stop_reasons[reason] += 1
+        parts: list[_Part | None] = list(self.parts) or [None]
         out: list[Trajectory] = []
-        for index, part in enumerate(self.parts):
-            drift = DriftReport()
-            if self.config.check_drift and part.context_end > 0:
-                try:
-                    drift = self.codec.check_drift(part.ids[: part.context_end], part.context[: part.context_count],
-                                                   self.tools, policy=self.config.think_policy)
-                except Exception as exc:  # noqa: BLE001 -- a failed check flags the sample, never crashes
-                    drift = DriftReport(kind="template", expected=False, detail=f"drift check failed: {exc}")
+        for index, part in enumerate(parts):
+            drift = self._drift(part)
             self.metrics.drift[drift.kind] += 1
             if drift.drifted and not drift.expected:
                 self.metrics.unexpected_drift += 1
-            traj = Trajectory(
-                token_ids=part.ids,
-                loss_mask=part.mask,
-                rollout_logprobs=part.logprobs,
-                weight_versions=part.versions,
-                prompt_length=part.prompt_length,
-                episode_id=self.episode_id,
-                group_id=self.spec.group,
-                sample_index=self.sample_index,
-                env_id=self.spec.env_id,
-                seed=self.spec.seed,
-                part=index,
-                num_parts=len(self.parts),
-                reward=self.reward,
-                reward_components=dict(self.reward_components),
-                success=self.success,
-                stop_reason=reason,
-                error=error,
-                turns=part.turns,
-                messages=list(self.messages),
-                tools=self.tools,
-                images=part.images,
-                image_grid_thw=part.grids,
-                image_token_id=self.codec.vision.image_token_id if self.codec.vision is not None else None,
-                drift=drift,
-                metadata=dict(self.spec.metadata),
-            )
+            traj = self._sample(index, len(parts), part, drift, reason, error)
             self.metrics.samples += 1
             self.metrics.sampled_tokens += traj.num_sampled_tokens
             self.metrics.context_tokens += len(traj) - traj.num_sampled_tokens
@@ -584,6 +515,45 @@ class EpisodeRunner:
                 self.metrics.trainable_samples += 1
             out.append(traj)
         return out
+
+    def _drift(self, part: _Part | None) -> DriftReport:
+        if part is None or not self.config.check_drift:
+            return DriftReport()
+        try:
+            return part.chat.check_drift(self.config.think_policy)
+        except Exception as exc:  # noqa: BLE001 -- a failed check flags the sample, never crashes
+            return DriftReport(kind="template", expected=False, detail=f"drift check failed: {exc}")
+
+    def _sample(self, index: int, count: int, part: _Part | None, drift: DriftReport, reason: StopReason,
+                error: str | None) -> Trajectory:
+        chat = part.chat if part is not None else None
+        return Trajectory(
+            token_ids=chat.ids if chat is not None else [],
+            loss_mask=part.mask if part is not None else [],
+            rollout_logprobs=part.logprobs if part is not None else [],
+            weight_versions=part.versions if part is not None else [],
+            prompt_length=chat.prompt_length if chat is not None else 0,
+            episode_id=self.episode_id,
+            group_id=self.spec.group,
+            sample_index=self.sample_index,
+            env_id=self.spec.env_id,
+            seed=self.spec.seed,
+            part=index,
+            num_parts=count,
+            reward=self.reward,
+            reward_components=dict(self.reward_components),
+            success=self.success,
+            stop_reason=reason,
+            error=error,
+            turns=part.turns if part is not None else [],
+            messages=list(self.messages),
+            tools=self.tools,
+            images=chat.images if chat is not None else [],
+            image_grid_thw=chat.grids if chat is not None else [],
+            image_token_id=self.codec.vision.image_token_id if self.codec.vision is not None else None,
+            drift=drift,
+            metadata=dict(self.spec.metadata),
+        )
 
 
 def _token_versions(reply: GenerateResponse, n: int) -> list[int]:

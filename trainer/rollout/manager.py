@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from relax_gym.trainer.rollout.chat import ChatCodec
+from relax_gym.chat import ChatCodec
 from relax_gym.trainer.rollout.config import RolloutConfig
 from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
 from relax_gym.trainer.rollout.metrics import RolloutMetrics

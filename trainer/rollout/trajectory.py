@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from relax_gym.chat import DriftReport
 from relax_gym.errors import RelaxGymError
 from relax_gym.transcript import MediaWriter, message_from_record, message_to_record
 from relax_gym.types import ImagePart, Message, ToolCall
@@ -48,28 +49,6 @@ SCHEMA_VERSION = 1
 
 class TrajectoryError(RelaxGymError, ValueError):
     """A trajectory violates its invariants or a record cannot be read back."""
-
-
-@dataclass(slots=True)
-class DriftReport:
-    """How the incrementally built tokens compare with a full re-render of the conversation.
-
-    ``kind`` is ``"none"`` when they agree, ``"think_dropped"`` when the only differences are
-    reasoning blocks of earlier turns that the chat template drops (expected under the
-    ``keep`` think policy), and ``"template"`` for any other disagreement. ``expected`` says
-    whether the configured policy accepts the difference; unexpected drift makes the sample
-    untrainable.
-    """
-
-    kind: Literal["none", "think_dropped", "template", "unchecked"] = "unchecked"
-    expected: bool = True
-    mismatched_chunks: int = 0
-    first_mismatch_token: int | None = None
-    detail: str = ""
-
-    @property
-    def drifted(self) -> bool:
-        return self.kind not in ("none", "unchecked")
 
 
 @dataclass(slots=True)
@@ -394,7 +373,6 @@ def load_jsonl(path: str | Path, media_dir: str | Path | None = None) -> list[Tr
 __all__ = [
     "FAILED_STOP_REASONS",
     "STOP_REASONS",
-    "DriftReport",
     "StopReason",
     "Trajectory",
     "TrajectoryError",

@@ -1,28 +1,39 @@
-"""Chat-template rules for token-in/token-out rollouts, derived from the model's own template.
+"""One chat encoder for evaluation and training: an episode becomes the same token ids in both.
 
-The rollout manager never re-tokenizes what the model wrote. It needs these things from the chat
-template, and :class:`ChatCodec` derives each from renders of the real template rather than from
-hard-coded strings:
+``relax-gym eval`` (the ``sglang:`` and ``hf:`` agents) and the rollout manager that builds
+training samples both hold an episode as a :class:`ChatContext`, so a model is scored on exactly
+the prompt format it is trained on. Nothing the model wrote is ever re-tokenized: the context is
+built append-only,
 
-* the **prompt** -- the first observation rendered with ``add_generation_prompt=True``, tools
-  included;
-* the **assistant prefix** -- text the generation prompt adds beyond the assistant header (Qwen3
-  with ``enable_thinking=False``: an empty think block); it counts as part of the assistant's
-  content when the conversation is re-rendered;
+* the **prompt** -- the first observation (with the system prompt, when the env gave none)
+  rendered with the tools and ``add_generation_prompt=True``;
+* each **generated segment** -- the token ids the engine sampled, as they are;
 * the **closing glue** -- what the template writes after an assistant message's content (for
-  Qwen: ``<|im_end|>`` then ``\\n``), found by rendering a sentinel assistant message. After a
-  generated segment we append the part of it the engine did not already sample;
-* the **observation delta** -- the tokens of new env/tool messages plus the next generation
+  Qwen: ``<|im_end|>`` then ``\\n``), found by rendering a sentinel assistant message; only the
+  part the engine did not sample itself is appended;
+* each **observation delta** -- the tokens of the new env/tool messages plus the next generation
   prompt, by *render and trim*: render a fixed base conversation, render base + new messages
   with ``add_generation_prompt=True``, keep the suffix. The base is chosen per call from a short
-  list of candidates and the prefix property is verified, never assumed;
-* the **full re-render** used at episode end to check the incremental tokens (see
-  :meth:`ChatCodec.check_drift`).
+  list of candidates and the prefix property is verified, never assumed.
 
-Qwen3's template drops the ``<think>`` block of assistant turns that precede the latest user
-query. The ``keep`` policy keeps the tokens the engine really saw (reasoning included) and
-labels the difference ``think_dropped``; the ``split`` policy re-renders the context at such a
-user turn and starts a new training sample (see ``docs/rollout.md``).
+:class:`ChatCodec` derives each piece from renders of the model's own template rather than from
+hard-coded strings, and holds the **full re-render** used to check the incremental tokens at the
+end of an episode (:meth:`ChatCodec.check_drift`).
+
+**Media.** Observations come from ``env.format_observation(obs, "hf")``. An image is encoded
+when the model has an image processor (Qwen-VL): its placeholder is expanded to the image's
+patch count, and the image goes to the engine as ``image_data``. Any other media part has no
+tokens here (:meth:`ChatCodec.takes`): training renders it as a short text placeholder, and
+evaluation refuses the episode instead of scoring a model that never saw the media.
+
+**Earlier assistant turns keep their reasoning.** An assistant turn stays in the context exactly
+as sampled, ``<think>`` block included, although Qwen3's template drops the reasoning of turns
+before the latest user query when it re-renders a conversation. Token-level multi-turn RL needs
+this: every sampled token's logprob was computed by the engine on the context before it, and the
+loss mask and the recomputed logprobs must address that same sequence, so the sample can only
+grow at its end. Evaluation follows the same rule so that its prompts are the training prompts.
+The training-only ``split`` policy (``docs/rollout.md``) instead starts a new sample, re-rendered
+by the template, where the template would drop reasoning.
 """
 
 from __future__ import annotations
@@ -34,16 +45,39 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relax_gym.errors import RelaxGymError
-
-from relax_gym.trainer.rollout.trajectory import DriftReport
+from relax_gym.media import image_to_data_url
+from relax_gym.types import ImagePart
+from relax_gym.vision import VisionInputError, expand_image_tokens, image_token_count
 
 ThinkPolicy = Literal["keep", "split"]
 _SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"
-_MEDIA_TYPES = ("image", "audio", "video")
+MEDIA_KINDS = ("image", "audio", "video")
 
 
 class TemplateError(RelaxGymError, ValueError):
     """The chat template cannot render an observation as a delta (e.g. it rejects the role order)."""
+
+
+@dataclass(slots=True)
+class DriftReport:
+    """How the incrementally built tokens compare with a full re-render of the conversation.
+
+    ``kind`` is ``"none"`` when they agree, ``"think_dropped"`` when the only differences are
+    reasoning blocks of earlier turns that the chat template drops (expected under the
+    ``keep`` think policy), and ``"template"`` for any other disagreement. ``expected`` says
+    whether the configured policy accepts the difference; unexpected drift makes the sample
+    untrainable.
+    """
+
+    kind: Literal["none", "think_dropped", "template", "unchecked"] = "unchecked"
+    expected: bool = True
+    mismatched_chunks: int = 0
+    first_mismatch_token: int | None = None
+    detail: str = ""
+
+    @property
+    def drifted(self) -> bool:
+        return self.kind not in ("none", "unchecked")
 
 
 @dataclass(slots=True)
@@ -63,10 +97,6 @@ class VisionSupport:
             return []
         out = self.image_processor(images=[im.convert("RGB") for im in images], return_tensors="np")
         return [[int(x) for x in g] for g in out["image_grid_thw"]]
-
-    def pad_count(self, grid: Sequence[int]) -> int:
-        t, h, w = (int(x) for x in grid)
-        return t * h * w // (self.merge_size**2)
 
 
 @dataclass(slots=True)
@@ -113,7 +143,7 @@ class ChatCodec:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         vision = None
         if (folder / "preprocessor_config.json").is_file():
-            from relax_gym.trainer.models import VisionTokens, load_image_processor
+            from relax_gym.vision import VisionTokens, load_image_processor
 
             tokens = VisionTokens.from_config(AutoConfig.from_pretrained(str(folder)))
             reserved = frozenset({tokens.image_token_id, tokens.video_token_id, tokens.vision_start_token_id,
@@ -154,12 +184,32 @@ class ChatCodec:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
                                          clean_up_tokenization_spaces=False))
 
+    @property
+    def source(self) -> str:
+        """The folder (or hub name) the tokenizer was loaded from, for messages and run configs."""
+        return str(getattr(self.tokenizer, "name_or_path", "") or "<tokenizer>")
+
     # -- messages -----------------------------------------------------------------------------------
+    def takes(self, kind: str) -> bool:
+        """Can a ``kind`` content part become tokens? Text always; an image with an image processor
+        (its placeholder is expanded to the image's patch count); audio and video never here."""
+        return kind == "text" or (kind == "image" and self.vision is not None)
+
+    @property
+    def reserved_ids(self) -> frozenset[int]:
+        """Vision markers the model must never emit (empty for a text model): generation stops at
+        them (``stop_token_ids``) and :meth:`first_reserved` cuts a segment before one."""
+        return self.vision.reserved_ids if self.vision is not None else frozenset()
+
+    def first_reserved(self, ids: Sequence[int]) -> int | None:
+        """Index of the first reserved id in generated ``ids``, else None."""
+        reserved = self.reserved_ids
+        return next((i for i, t in enumerate(ids) if t in reserved), None) if reserved else None
+
     def adapt_messages(self, messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
         """Make env messages (``format_observation(obs, "hf")``) renderable by this model.
 
-        Media parts the model cannot take (any media for a text model; audio and video here) become
-        a short text placeholder; text-only content collapses to a string, as text templates
+        Media parts the model cannot take (:meth:`takes`) become a short text placeholder; text-only content collapses to a string, as text templates
         expect. Returns the messages and how many parts were replaced.
         """
         out: list[dict[str, Any]] = []
@@ -170,7 +220,7 @@ class ChatCodec:
                 parts: list[Any] = []
                 for part in content:
                     kind = part.get("type") if isinstance(part, dict) else None
-                    if kind in _MEDIA_TYPES and not (kind == "image" and self.vision is not None):
+                    if kind in MEDIA_KINDS and not self.takes(kind):
                         parts.append({"type": "text", "text": _placeholder(part)})
                         replaced += 1
                     else:
@@ -199,7 +249,11 @@ class ChatCodec:
             if self.vision is None:
                 raise TemplateError("images given to a model without an image processor")
             grids = self.vision.grids(images)
-            ids = _expand_runs(ids, self.vision.image_token_id, [self.vision.pad_count(g) for g in grids])
+            counts = [image_token_count(g, self.vision.merge_size) for g in grids]
+            try:
+                ids = expand_image_tokens(ids, counts, self.vision.image_token_id)
+            except VisionInputError as exc:
+                raise TemplateError(str(exc)) from None
         return Rendered(ids, text, list(images), grids)
 
     # -- the four rules -------------------------------------------------------------------------------
@@ -337,6 +391,89 @@ class ChatCodec:
         return None if len(ours) == len(ref) else min(len(ours), len(ref))
 
 
+@dataclass(slots=True)
+class Reply:
+    """What one generated segment added to a :class:`ChatContext`."""
+
+    glue: list[int]  # closing-glue tokens appended after the segment (not sampled)
+    text: str  # the segment's content as written, special tokens kept (what the context encodes)
+    action_text: str  # the same without special tokens: what the env is given
+
+
+class ChatContext:
+    """One episode's context as token ids, built append-only by the rules of the module docstring.
+
+    This is what the engine is sent on every turn -- by the rollout manager and by the eval
+    agents alike -- and what a training sample holds. ``messages`` are the template messages the
+    ids encode (assistant messages hold the raw generated text); ``images`` (RGB), ``grids`` and
+    ``payloads`` (PNG data URLs for the engine's ``image_data``) follow the image placeholders in
+    order. The first list of tools stays in the prompt for the whole episode.
+    """
+
+    def __init__(self, codec: ChatCodec, messages: Sequence[dict[str, Any]],
+                 tools: Sequence[dict[str, Any]] | None = None, *, system_prompt: str | None = None) -> None:
+        self.codec = codec
+        self.tools: list[dict[str, Any]] = list(tools or [])
+        self._tools_key = codec.tools_key(self.tools)
+        first = list(messages)
+        if system_prompt and not any(m.get("role") == "system" for m in first):
+            first.insert(0, {"role": "system", "content": system_prompt})
+        self.ids: list[int] = []
+        self.messages: list[dict[str, Any]] = []
+        self.images: list[ImagePart] = []
+        self.grids: list[list[int]] = []
+        self.payloads: list[str] = []
+        self._generation_prompt_at = (0, 0)  # (len(ids), len(messages)) at the last generation prompt
+        self.extend(codec.prompt(first, self.tools), first)
+        self.prompt_length = len(self.ids)
+
+    def extend(self, rendered: Rendered, messages: Sequence[dict[str, Any]]) -> None:
+        """Append a prompt or an observation delta (it ends at a generation prompt) and the
+        messages it encodes."""
+        self.ids.extend(rendered.ids)
+        self.messages.extend(messages)
+        for image, grid in zip(rendered.images, rendered.grids, strict=True):
+            rgb = image.convert("RGB")
+            self.images.append(ImagePart(rgb))
+            self.grids.append(grid)
+            self.payloads.append(image_to_data_url(rgb))
+        self._generation_prompt_at = (len(self.ids), len(self.messages))
+
+    def observation(self, messages: Sequence[dict[str, Any]]) -> Rendered:
+        """The delta for new env/tool messages (adapted with :meth:`ChatCodec.adapt_messages`),
+        not yet appended: a caller that bounds the length looks at it first."""
+        return self.codec.observation_delta(messages, self.tools, tools_key=self._tools_key)
+
+    def add_observation(self, messages: Sequence[dict[str, Any]]) -> Rendered:
+        """Render and append the delta for new env/tool messages."""
+        delta = self.observation(messages)
+        self.extend(delta, messages)
+        return delta
+
+    def add_reply(self, segment: Sequence[int]) -> Reply:
+        """Append a generated segment as sampled, then the closing glue it lacks."""
+        overlap, glue = self.codec.split_segment(segment)
+        content = list(segment[: len(segment) - overlap])
+        text = self.codec.decode(content)
+        self.ids.extend(segment)
+        self.ids.extend(glue)
+        self.messages.append({"role": "assistant", "content": self.codec.assistant_prefix + text})
+        return Reply(glue, text, self.codec.decode(content, skip_special_tokens=True))
+
+    def drops_reasoning(self, new_messages: Sequence[dict[str, Any]]) -> bool:
+        """Would the template render the context plus ``new_messages`` other than verbatim (it
+        drops earlier reasoning)? The ``split`` policy's cue to start a new sample."""
+        try:
+            return self.codec.template_drops_reasoning([*self.messages, *new_messages], self.tools)
+        except TemplateError:
+            return False
+
+    def check_drift(self, policy: ThinkPolicy = "keep") -> DriftReport:
+        """The context up to its last generation prompt against a full re-render of its messages."""
+        end, count = self._generation_prompt_at
+        return self.codec.check_drift(self.ids[:end], self.messages[:count], self.tools, policy=policy)
+
+
 # Base conversations for render-and-trim, tried in a fixed order so a delta never depends on the
 # episode's history. The first ends with an assistant turn (with reasoning, which Qwen3 keeps
 # before tool results), as a real conversation does; the second is the minimal fallback for
@@ -388,30 +525,6 @@ def _placeholder(part: dict[str, Any]) -> str:
     return f"[{kind}]"
 
 
-def _expand_runs(ids: list[int], token_id: int, counts: list[int]) -> list[int]:
-    """Give the k-th run of ``token_id`` exactly ``counts[k]`` tokens (runs of 1 are expanded)."""
-    out: list[int] = []
-    k, i, n = 0, 0, len(ids)
-    while i < n:
-        if ids[i] != token_id:
-            out.append(ids[i])
-            i += 1
-            continue
-        j = i
-        while j < n and ids[j] == token_id:
-            j += 1
-        if k >= len(counts):
-            raise TemplateError(f"more image placeholders than images ({len(counts)})")
-        if j - i not in (1, counts[k]):
-            raise TemplateError(f"image {k}: placeholder run of {j - i} tokens; expected 1 or {counts[k]}")
-        out.extend([token_id] * counts[k])
-        k += 1
-        i = j
-    if k != len(counts):
-        raise TemplateError(f"{k} image placeholders for {len(counts)} images")
-    return out
-
-
 def _count_diff_regions(a: str, b: str) -> int:
     import difflib
 
@@ -423,4 +536,14 @@ def _first_diff(a: str, b: str) -> str:
     return f"first difference at char {i}: tokens {a[max(0, i - 20):i + 40]!r} vs render {b[max(0, i - 20):i + 40]!r}"
 
 
-__all__ = ["ChatCodec", "Rendered", "TemplateError", "ThinkPolicy", "VisionSupport"]
+__all__ = [
+    "MEDIA_KINDS",
+    "ChatCodec",
+    "ChatContext",
+    "DriftReport",
+    "Rendered",
+    "Reply",
+    "TemplateError",
+    "ThinkPolicy",
+    "VisionSupport",
+]

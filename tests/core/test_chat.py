@@ -1,6 +1,7 @@
-"""The chat-template rules with the real Qwen3 tokenizer, on hand-written Qwen3-style outputs
-(``<think>`` blocks, several tool calls per turn), plus a made-up template to show the rules are
-derived, not hard-coded."""
+"""The chat encoder (``relax_gym.chat``) with the real Qwen3 tokenizer, on hand-written Qwen3-style
+outputs (``<think>`` blocks, several tool calls per turn), plus a made-up template to show the
+rules are derived, not hard-coded. Episodes are built with :class:`ChatContext`, as the rollout
+manager and the eval agents build them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image
-from relax_gym.trainer.rollout import ChatCodec, TemplateError, VisionSupport
+from relax_gym.chat import ChatCodec, ChatContext, TemplateError, VisionSupport
+from relax_gym.vision import image_token_count
 
 TOOLS = [
     {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
@@ -27,32 +29,35 @@ TURN3 = '<think>\nDone.\n</think>\n\nThe answer is 522391.'
 
 
 @pytest.fixture(scope="module")
+def qwen3_tokenizer() -> Any:
+    pytest.importorskip("transformers")
+    from relax_gym.trainer.models import load_qwen3_tokenizer
+
+    return load_qwen3_tokenizer()
+
+
+@pytest.fixture(scope="module")
 def codec(qwen3_tokenizer: Any) -> ChatCodec:
     return ChatCodec(qwen3_tokenizer)
 
 
 class Builder:
-    """Builds a sequence the way the episode runner does, with hand-written "sampled" tokens."""
+    """A :class:`ChatContext` fed with hand-written "sampled" tokens, and the loss mask beside it."""
 
     def __init__(self, codec: ChatCodec, first: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> None:
-        self.codec, self.tools = codec, tools
-        prompt = codec.prompt(first, tools)
-        self.ids, self.mask = list(prompt.ids), [0] * len(prompt.ids)
-        self.context = list(first)
+        self.codec = codec
+        self.chat = ChatContext(codec, first, tools)
+        self.ids, self.context = self.chat.ids, self.chat.messages
+        self.mask = [0] * len(self.ids)
         self.eos = codec.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def sample(self, text: str, *, stopped: bool = True) -> None:
         seg = self.codec.encode(text) + ([self.eos] if stopped else [])
-        k, glue = self.codec.split_segment(seg)
-        self.ids += seg + glue
+        glue = self.chat.add_reply(seg).glue
         self.mask += [1] * len(seg) + [0] * len(glue)
-        self.context.append({"role": "assistant", "content": self.codec.decode(seg[: len(seg) - k])})
 
     def observe(self, msgs: list[dict[str, Any]]) -> None:
-        delta = self.codec.observation_delta(msgs, self.tools)
-        self.ids += delta.ids
-        self.mask += [0] * len(delta.ids)
-        self.context += msgs
+        self.mask += [0] * len(self.chat.add_observation(msgs).ids)
 
 
 def test_compiled_render_matches_apply_chat_template(codec: ChatCodec, qwen3_tokenizer: Any) -> None:
@@ -98,6 +103,7 @@ def test_tool_episode_deltas_equal_the_full_render(codec: ChatCodec) -> None:
     full = codec.render(b.context, tools=TOOLS) + ""
     assert b.ids == codec.encode(full)
     assert codec.check_drift(b.ids[:before_last], b.context[:-1], TOOLS, policy="keep").kind == "none"
+    assert b.chat.check_drift().kind == "none"  # the same check, from the context's own bookkeeping
     # masks: 1 exactly on the sampled assistant tokens
     sampled = [t for t, m in zip(b.ids, b.mask) if m]
     eos = b.eos
@@ -116,7 +122,7 @@ def test_user_turn_makes_the_template_drop_earlier_thinking(codec: ChatCodec) ->
     assert not codec.template_drops_reasoning(b.context, TOOLS)  # tool results keep the reasoning
     b.sample(TURN3)
     new = [{"role": "user", "content": "Now divide by 7."}]
-    assert codec.template_drops_reasoning([*b.context, *new], TOOLS)  # a new query drops it
+    assert b.chat.drops_reasoning(new)  # a new query drops it
     b.observe(new)
     keep = codec.check_drift(b.ids, b.context, TOOLS, policy="keep")
     assert (keep.kind, keep.expected, keep.drifted) == ("think_dropped", True, True)
@@ -173,7 +179,13 @@ def test_vision_codec_expands_pads_per_image(qwen3_tokenizer: Any) -> None:
     first = [{"role": "user", "content": [{"type": "text", "text": "Count."}, {"type": "image", "image": a}]}]
     prompt = codec.prompt(first)
     assert prompt.images == [a] and len(prompt.grids) == 1
-    assert prompt.ids.count(pad) == codec.vision.pad_count(prompt.grids[0]) > 1  # type: ignore[union-attr]
+    assert prompt.ids.count(pad) == image_token_count(prompt.grids[0], 2) > 1
     delta = codec.observation_delta([{"role": "user", "content": [{"type": "image", "image": b}, {"type": "text", "text": "?"}]}])
-    assert delta.images == [b] and delta.ids.count(pad) == codec.vision.pad_count(delta.grids[0])  # type: ignore[union-attr]
+    assert delta.images == [b] and delta.ids.count(pad) == image_token_count(delta.grids[0], 2)
     assert delta.grids[0] != prompt.grids[0]
+    # a context keeps both images in placeholder order, each once, for the engine's image_data
+    chat = ChatContext(codec, first)
+    chat.add_reply(codec.encode("2") + codec.closing_glue[:1])
+    chat.add_observation([{"role": "user", "content": [{"type": "image", "image": b}]}])
+    assert [p.image.size for p in chat.images] == [(64, 48), (32, 64)] and len(chat.payloads) == 2
+    assert chat.ids.count(pad) == sum(image_token_count(g, 2) for g in chat.grids)
