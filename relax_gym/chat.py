@@ -47,7 +47,7 @@ from typing import Any, Literal
 from relax_gym.errors import RelaxGymError
 from relax_gym.media import image_to_data_url
 from relax_gym.types import ImagePart
-from relax_gym.vision import VisionInputError, expand_image_tokens, image_token_count
+from relax_gym.vision import VisionInputError, collapse_image_tokens, expand_image_tokens, image_token_count
 
 ThinkPolicy = Literal["keep", "split"]
 _SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"
@@ -372,15 +372,7 @@ class ChatCodec:
                            detail=_first_diff(ours, plain))
 
     def _collapse_images(self, ids: Sequence[int]) -> list[int]:
-        if self.vision is None:
-            return list(ids)
-        pad = self.vision.image_token_id
-        out: list[int] = []
-        for t in ids:
-            if t == pad and out and out[-1] == pad:
-                continue
-            out.append(t)
-        return out
+        return collapse_image_tokens(ids, self.vision.image_token_id if self.vision is not None else None)
 
     def _first_token_mismatch(self, context_ids: Sequence[int], text: str) -> int | None:
         ref = self.encode(text)

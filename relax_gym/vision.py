@@ -14,6 +14,7 @@ already expanded run; both are accepted, anything else is a :class:`VisionInputE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,19 @@ def prepare_vision_inputs(
     return VisionInputs(input_ids=ids, mm_token_type_ids=types, pixel_values=pixel_values, image_grid_thw=grid)
 
 
+def collapse_image_tokens(ids: Sequence[int], image_token_id: int | None) -> list[int]:
+    """The inverse of :func:`expand_image_tokens`: each run of image pads shortened to one, as the
+    chat template renders it (for comparing with a render, and for readable dumps)."""
+    if image_token_id is None:
+        return list(ids)
+    out: list[int] = []
+    for t in ids:
+        if t == image_token_id and out and out[-1] == image_token_id:
+            continue
+        out.append(t)
+    return out
+
+
 __all__ = [
     "IMAGE_TOKEN",
     "VIDEO_TOKEN",
@@ -184,6 +198,7 @@ __all__ = [
     "VisionInputs",
     "VisionTokens",
     "build_image_processor",
+    "collapse_image_tokens",
     "expand_image_tokens",
     "image_token_count",
     "load_image_processor",

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from relax_gym.vision import collapse_image_tokens
+
 PHASES = ("rollout", "reward", "logprob", "train", "sync", "eval", "checkpoint")
 
 
@@ -315,7 +317,7 @@ def sample_record(traj: Any, decode: Any, *, reward: float | None = None,
         "seed": traj.seed,
         "group_id": traj.group_id,
         "sample_index": traj.sample_index,
-        "prompt": decode(_collapse(prompt_ids, getattr(traj, "image_token_id", None))),
+        "prompt": decode(collapse_image_tokens(prompt_ids, getattr(traj, "image_token_id", None))),
         "response": decode(response_ids),
         "turns": [t.assistant_text for t in traj.turns],
         "env_reward": traj.reward,
@@ -329,18 +331,6 @@ def sample_record(traj: Any, decode: Any, *, reward: float | None = None,
         "num_sampled_tokens": traj.num_sampled_tokens,
         "weight_versions": sorted(traj.weight_version_mix),
     }
-
-
-def _collapse(ids: Sequence[int], image_token_id: int | None) -> list[int]:
-    """Runs of image placeholder tokens shortened to one, so dumps stay readable."""
-    if image_token_id is None:
-        return list(ids)
-    out: list[int] = []
-    for t in ids:
-        if t == image_token_id and out and out[-1] == image_token_id:
-            continue
-        out.append(t)
-    return out
 
 
 def dump_samples(out_dir: str | Path, step: int, records: Sequence[Mapping[str, Any]], *, prefix: str = "step") -> Path:

@@ -19,16 +19,26 @@ Errors are typed by how far they reach:
 from __future__ import annotations
 
 import abc
+import re
 import zlib
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from relax_gym.core import Env
 from relax_gym.errors import RelaxGymError
+from relax_gym.protocol import EngineError, EngineTimeout, EngineUnavailable
 from relax_gym.types import Action, Message, Observation
+
+_T = TypeVar("_T")
+# Words servers use when they refuse content they cannot take (vLLM, SGLang, OpenAI, ours).
+_MODALITY_HINT = re.compile(
+    r"image|audio|video|modalit|multimodal|vision|content part|input_audio|not support|unsupported",
+    re.IGNORECASE,
+)
 
 
 class AgentError(RelaxGymError):
@@ -191,6 +201,32 @@ def split_thinking(text: str) -> tuple[str, str | None]:
     return rest.strip(), reasoning
 
 
+async def call_engine(call: Awaitable[_T], refused: Callable[[EngineError], AgentError]) -> _T:
+    """Await a model server's reply: a timeout or an unreachable server fails this episode, and
+    ``refused`` says what a refusal (an HTTP error answer) means."""
+    try:
+        return await call
+    except EngineTimeout as exc:
+        raise AgentError(f"timed out: {exc}") from None
+    except EngineUnavailable as exc:
+        raise AgentError(f"server unavailable: {exc}") from None
+    except EngineError as exc:
+        raise refused(exc) from None
+
+
+def refusal(exc: EngineError, where: str, modalities: Iterable[str]) -> AgentError:
+    """A refused request as an agent error: a refused key stops the run, and so does a 4xx that
+    names media the episode sent (:class:`ModalityRejected`); anything else fails the episode."""
+    status = exc.status or 0
+    if status in (401, 403):
+        return FatalAgentError(f"the server refused the API key: {exc}")
+    detail, sent = str(exc), sorted(set(modalities))
+    if 400 <= status < 500 and sent and _MODALITY_HINT.search(detail):
+        named = [m for m in sent if m in detail.lower()]
+        return ModalityRejected(named[0] if named else "/".join(sent), where, detail)
+    return AgentError(detail)
+
+
 def count_media(messages: list[Message]) -> Counter[str]:
     """How many image / audio / video parts the messages carry."""
     return Counter(p.modality for m in messages for p in m.content if p.modality != "text")
@@ -205,6 +241,8 @@ __all__ = [
     "FatalAgentError",
     "ModalityRejected",
     "TurnResult",
+    "call_engine",
     "count_media",
+    "refusal",
     "split_thinking",
 ]

@@ -18,27 +18,20 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from relax_gym.chat import ChatCodec
 from relax_gym.core import Env
-from relax_gym.types import Message, Observation
 
-from .base import Agent, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, TurnResult, count_media
-from .local_chat import Conversation, ToolCallParser, describe_template, load_codec
+from .base import AgentOptions, EpisodeInfo, FatalAgentError
+from .local_chat import Conversation, LocalChatAgent, LocalChatSession, load_codec
 
 
-class HFAgent(Agent):
-    uses_sampling = True
-
+class HFAgent(LocalChatAgent):
     def __init__(self, spec: str, path: str, options: AgentOptions) -> None:
-        self.spec = spec
+        super().__init__(spec, options)
         self.path = path
-        self.options = options
-        self.codec: ChatCodec | None = None
         self.model: Any = None
         self.vision = False
         self._vision_tokens: Any = None
         self._lock = threading.Lock()
-        self._parser: ToolCallParser | None = None
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -71,21 +64,8 @@ class HFAgent(Agent):
             raise FatalAgentError(f"hf: cannot load the model in {self.path!r}: {exc}") from None
         self.model.eval()
 
-    def parser(self) -> ToolCallParser:
-        if self._parser is None:
-            self._parser = ToolCallParser(self.options.tool_parser)
-        return self._parser
-
-    def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
-        if self.codec is None:
-            raise FatalAgentError("hf agent used before start()")
+    def session(self, env: Env, episode: EpisodeInfo) -> _HFSession:
         return _HFSession(self, env, episode)
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"spec": self.spec}
-        if self.codec is not None:
-            out.update(describe_template(self.codec))
-        return out
 
     def versions(self) -> dict[str, str]:
         import transformers
@@ -128,29 +108,13 @@ class HFAgent(Agent):
         return [int(t) for t in out[0, input_ids.shape[1] :].tolist()]
 
 
-class _HFSession(AgentSession):
-    def __init__(self, agent: HFAgent, env: Env, episode: EpisodeInfo) -> None:
-        assert agent.codec is not None
-        self.agent, self.episode = agent, episode
-        self.conv = Conversation(agent.codec, env, agent.options)
-        self.turn = 0
+class _HFSession(LocalChatSession):
+    agent: HFAgent
 
-    async def act(self, observation: Observation) -> TurnResult:
-        self.conv.add_observation(observation)
+    async def generate(self, seed: int) -> tuple[list[int], int, int]:
         prompt_tokens = len(self.conv.ids)
-        seed = self.episode.turn_seed(self.turn)
-        self.turn += 1
         new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
-        parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(new, parser, self.turn - 1)
-        return TurnResult(
-            action=action,
-            message=Message.assistant(action.text, tool_calls=calls),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=len(new),
-            media_sent=count_media(observation.messages),
-            reasoning=reasoning,
-        )
+        return new, prompt_tokens, len(new)
 
 
 __all__ = ["HFAgent", "AgentOptions"]

@@ -14,6 +14,7 @@ anything is sent, instead of evaluating a model that never saw the media.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 from pathlib import Path
@@ -21,9 +22,10 @@ from typing import Any
 
 from relax_gym.chat import MEDIA_KINDS, ChatCodec, ChatContext, TemplateError
 from relax_gym.core import Env
-from relax_gym.types import Action, Observation, ToolCall, ToolSpec
+from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
-from .base import AgentError, AgentOptions, FatalAgentError, ModalityRejected, split_thinking
+from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
+                   TurnResult, count_media, split_thinking)
 
 
 def load_codec(path: str, options: AgentOptions) -> ChatCodec:
@@ -128,10 +130,65 @@ class Conversation:
         return Action(text=answer, tool_calls=calls, parse_errors=errors), reasoning, calls
 
 
-def describe_template(codec: ChatCodec) -> dict[str, Any]:
-    """What identifies the local encoder (its hash goes into the run's config)."""
-    template = json.dumps(codec.chat_template, sort_keys=True)
-    return {"tokenizer": codec.source, "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest()[:16]}
+class LocalChatAgent(Agent):
+    """Base of the agents that encode episodes here (``sglang:``, ``hf:``): they set ``codec`` in
+    :meth:`start` and make :class:`LocalChatSession` subclasses."""
+
+    uses_sampling = True
+
+    def __init__(self, spec: str, options: AgentOptions) -> None:
+        self.spec = spec
+        self.options = options
+        self.codec: ChatCodec | None = None
+        self._parser: ToolCallParser | None = None
+
+    def parser(self) -> ToolCallParser:
+        if self._parser is None:
+            self._parser = ToolCallParser(self.options.tool_parser)
+        return self._parser
+
+    def conversation(self, env: Env) -> Conversation:
+        if self.codec is None:
+            raise FatalAgentError(f"{self.spec}: agent used before start()")
+        return Conversation(self.codec, env, self.options)
+
+    def describe(self) -> dict[str, Any]:
+        """The spec, plus what identifies the local encoder (its hash goes into the run's config)."""
+        out: dict[str, Any] = {"spec": self.spec}
+        if self.codec is not None:
+            template = json.dumps(self.codec.chat_template, sort_keys=True)
+            out["tokenizer"] = self.codec.source
+            out["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16]
+        return out
 
 
-__all__ = ["Conversation", "ToolCallParser", "describe_template", "load_codec"]
+class LocalChatSession(AgentSession):
+    """One episode of a :class:`LocalChatAgent`: observation in, generated ids appended, action out."""
+
+    def __init__(self, agent: LocalChatAgent, env: Env, episode: EpisodeInfo) -> None:
+        self.agent, self.episode = agent, episode
+        self.conv = agent.conversation(env)
+        self.turn = 0
+
+    @abc.abstractmethod
+    async def generate(self, seed: int) -> tuple[list[int], int, int]:
+        """Generate from ``self.conv.ids``: (output ids, prompt tokens, completion tokens)."""
+
+    async def act(self, observation: Observation) -> TurnResult:
+        self.conv.add_observation(observation)
+        seed = self.episode.turn_seed(self.turn)
+        self.turn += 1
+        output_ids, prompt_tokens, completion_tokens = await self.generate(seed)
+        parser = self.agent.parser() if self.conv.tools else None
+        action, reasoning, calls = self.conv.add_reply(output_ids, parser, self.turn - 1)
+        return TurnResult(
+            action=action,
+            message=Message.assistant(action.text, tool_calls=calls),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            media_sent=count_media(observation.messages),
+            reasoning=reasoning,
+        )
+
+
+__all__ = ["Conversation", "LocalChatAgent", "LocalChatSession", "ToolCallParser", "load_codec"]

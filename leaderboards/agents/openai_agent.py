@@ -10,31 +10,17 @@ text-only model.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import httpx
 
 from relax_gym.answers import loads_json
 from relax_gym.core import Env
-from relax_gym.protocol import (
-    ChatCompletionRequest,
-    ChatToolCall,
-    EngineClient,
-    EngineError,
-    EngineTimeout,
-    EngineUnavailable,
-)
+from relax_gym.protocol import ChatCompletionRequest, ChatToolCall, EngineClient, EngineError
 from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
-from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
-                   TurnResult, count_media, split_thinking)
-
-# Words servers use when they refuse content they cannot take (vLLM, SGLang, OpenAI, ours).
-_MODALITY_HINT = re.compile(
-    r"image|audio|video|modalit|multimodal|vision|content part|input_audio|not support|unsupported",
-    re.IGNORECASE,
-)
+from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, TurnResult,
+                   call_engine, count_media, refusal, split_thinking)
 
 
 def api_base(url: str) -> str:
@@ -144,14 +130,7 @@ class _OpenAISession(AgentSession):
         self.modalities_sent |= set(media)
         request = self.agent.request(self.messages, self.tools, self.episode.turn_seed(self.turn))
         self.turn += 1
-        try:
-            reply = await self.agent.client.chat_completions(request)
-        except EngineTimeout as exc:
-            raise AgentError(f"timed out: {exc}") from None
-        except EngineUnavailable as exc:
-            raise AgentError(f"server unavailable: {exc}") from None
-        except EngineError as exc:
-            raise self._classify(exc) from None
+        reply = await call_engine(self.agent.client.chat_completions(request), self._classify)
         if not reply.choices:
             raise AgentError(f"{self.agent.url}: the reply has no choices")
         msg = reply.choices[0].message
@@ -175,17 +154,9 @@ class _OpenAISession(AgentSession):
         )
 
     def _classify(self, exc: EngineError) -> AgentError:
-        status = exc.status or 0
-        if status in (401, 403):
-            return FatalAgentError(f"the server refused the API key: {exc}")
-        if status == 404:
+        if exc.status == 404:
             return FatalAgentError(f"no chat completions route or unknown model {self.agent.model!r}: {exc}")
-        detail = str(exc)
-        if 400 <= status < 500 and self.modalities_sent and _MODALITY_HINT.search(detail):
-            named = [m for m in sorted(self.modalities_sent) if m in detail.lower()]
-            modality = named[0] if named else "/".join(sorted(self.modalities_sent))
-            return ModalityRejected(modality, f"{self.agent.url} (model {self.agent.model!r})", detail)
-        return AgentError(str(exc))
+        return refusal(exc, f"{self.agent.url} (model {self.agent.model!r})", self.modalities_sent)
 
 
 __all__ = ["OpenAIAgent", "api_base", "tool_calls_from_reply"]

@@ -13,27 +13,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from relax_gym.chat import ChatCodec
 from relax_gym.core import Env
-from relax_gym.protocol import EngineClient, EngineError, EngineTimeout, EngineUnavailable, GenerateRequest, SamplingParams
-from relax_gym.types import Message, Observation
+from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
 
-from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
-                   TurnResult, count_media)
-from .local_chat import Conversation, ToolCallParser, describe_template, load_codec
-from .openai_agent import _MODALITY_HINT, api_base
+from .base import AgentError, AgentOptions, EpisodeInfo, FatalAgentError, call_engine, refusal
+from .local_chat import LocalChatAgent, LocalChatSession, load_codec
+from .openai_agent import api_base
 
 
-class SGLangAgent(Agent):
-    uses_sampling = True
-
+class SGLangAgent(LocalChatAgent):
     def __init__(self, spec: str, url: str, options: AgentOptions) -> None:
-        self.spec = spec
+        super().__init__(spec, options)
         self.url = api_base(url)
-        self.options = options
         self.client = EngineClient(self.url, api_key=options.api_key, timeout_s=options.timeout_s)
-        self.codec: ChatCodec | None = None
-        self._parser: ToolCallParser | None = None
         self._server: dict[str, Any] = {}
 
     async def start(self) -> None:
@@ -54,78 +46,37 @@ class SGLangAgent(Agent):
             )
         self.codec = load_codec(path, self.options)
 
-    def parser(self) -> ToolCallParser:
-        if self._parser is None:
-            self._parser = ToolCallParser(self.options.tool_parser)
-        return self._parser
-
-    def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
-        if self.codec is None:
-            raise FatalAgentError("sglang agent used before start()")
+    def session(self, env: Env, episode: EpisodeInfo) -> _SGLangSession:
         return _SGLangSession(self, env, episode)
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"spec": self.spec}
-        if self.codec is not None:
-            out.update(describe_template(self.codec))
-        return out
-
     def versions(self) -> dict[str, str]:
         return {f"server_{k}": str(v) for k, v in self._server.items() if v}
 
 
-class _SGLangSession(AgentSession):
-    def __init__(self, agent: SGLangAgent, env: Env, episode: EpisodeInfo) -> None:
-        assert agent.codec is not None
-        self.agent, self.episode = agent, episode
-        self.conv = Conversation(agent.codec, env, agent.options)
-        self.turn = 0
+class _SGLangSession(LocalChatSession):
+    agent: SGLangAgent
 
-    def _request(self) -> GenerateRequest:
+    def _request(self, seed: int) -> GenerateRequest:
         o, codec = self.agent.options, self.conv.codec
         params = SamplingParams(max_new_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
-                                top_k=o.top_k, min_p=o.min_p, sampling_seed=self.episode.turn_seed(self.turn),
+                                top_k=o.top_k, min_p=o.min_p, sampling_seed=seed,
                                 stop_token_ids=sorted(codec.reserved_ids) or None)
         payloads = self.conv.context.payloads if self.conv.context is not None else []
         return GenerateRequest(input_ids=list(self.conv.ids), sampling_params=params, image_data=payloads or None)
 
-    async def act(self, observation: Observation) -> TurnResult:
-        self.conv.add_observation(observation)
-        request = self._request()
-        self.turn += 1
+    async def generate(self, seed: int) -> tuple[list[int], int, int]:
+        request = self._request(seed)
+        reply = await call_engine(self.agent.client.generate(request),
+                                  lambda exc: refusal(exc, self.agent.url, self.conv.media))
         try:
-            reply = await self.agent.client.generate(request)
             output_ids = reply.token_ids()
-        except EngineTimeout as exc:
-            raise AgentError(f"timed out: {exc}") from None
-        except EngineUnavailable as exc:
-            raise AgentError(f"server unavailable: {exc}") from None
         except EngineError as exc:
-            raise self._refused(exc) from None
-        parser = self.agent.parser() if self.conv.tools else None
-        action, reasoning, calls = self.conv.add_reply(output_ids, parser, self.turn - 1)
+            raise AgentError(f"{self.agent.url}: {exc}") from None
         meta = reply.meta_info
-        return TurnResult(
-            action=action,
-            message=Message.assistant(action.text, tool_calls=calls),
-            prompt_tokens=meta.prompt_tokens or len(request.input_ids or []),
-            completion_tokens=meta.completion_tokens or len(output_ids),
-            media_sent=count_media(observation.messages),
-            reasoning=reasoning,
-        )
-
-    def _refused(self, exc: EngineError) -> AgentError:
-        """The error for a request the server refused: a modality it cannot take stops the run."""
-        kinds = sorted(set(self.conv.media))
-        if exc.status in (401, 403):
-            return FatalAgentError(f"the server refused the API key: {exc}")
-        if exc.status and 400 <= exc.status < 500 and kinds and _MODALITY_HINT.search(str(exc)):
-            named = [k for k in kinds if k in str(exc).lower()]
-            return ModalityRejected(named[0] if named else "/".join(kinds), self.agent.url, str(exc))
-        return AgentError(str(exc))
+        return output_ids, meta.prompt_tokens or len(request.input_ids or []), meta.completion_tokens or len(output_ids)
 
 
 __all__ = ["SGLangAgent"]

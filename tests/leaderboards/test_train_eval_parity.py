@@ -7,6 +7,8 @@ the episode has a real tool call, a real tool result and a second generation fro
 holds them. Thinking is off, so the template puts an empty ``<think>`` block in every generation
 prompt: an eval path that re-rendered the history would drop it from the earlier turn and the
 second prompts would differ. Every ``/generate`` request of both runs is recorded at the client.
+
+Slow-marked: building and teaching the model and booting its engine take about 25 s of CPU.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def _train(engine: Any, model: Path, seed: int) -> Any:
     return traj
 
 
+@pytest.mark.slow
 def test_eval_and_training_send_the_same_prompt_tokens(engine: Any, model: Path, episode_seed: int,
                                                         sent: list[list[int]], tmp_path: Path) -> None:
     row = _evaluate(engine, model, tmp_path / "eval")
