@@ -217,6 +217,16 @@ def _log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     ).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
+def _token_ratio(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The bool mask, the token ratio ``exp(log pi - log pi_old)`` and the detached advantages,
+    each zeroed off the mask: what every token-level surrogate starts from."""
+    mask = as_mask(mask)
+    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
+    return mask, ratio, masked(advantages.detach(), mask, "advantages")
+
+
 def _clipped_surrogate(
     ratio: Tensor, adv: Tensor, low: float, high: float
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -248,9 +258,7 @@ def ppo_clip_loss(
     Regions (zero gradient): ``A>0, r>1+eps_high`` (high); ``A<0, r<1-eps_low`` (low);
     ``A<0, r>c`` (dual).
     """
-    mask = as_mask(mask)
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = masked(advantages.detach(), mask, "advantages")
+    mask, ratio, adv = _token_ratio(logprobs, old_logprobs, advantages, mask)
     loss, low, high = _clipped_surrogate(ratio, adv, clip_low, clip_high)
     dual = torch.zeros_like(mask)
     if dual_clip is not None:
@@ -319,9 +327,7 @@ def sapo_loss(
     smoothly as the token drifts off-policy, faster for negative advantages (tau_neg > tau_pos).
     The per-token gate weight ``w`` is returned as the ``gate_weight`` diagnostic.
     """
-    mask = as_mask(mask)
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = masked(advantages.detach(), mask, "advantages")
+    mask, ratio, adv = _token_ratio(logprobs, old_logprobs, advantages, mask)
     tau = torch.where(adv > 0, torch.full_like(adv, tau_pos), torch.full_like(adv, tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     loss = -(4.0 / tau) * gate * adv
@@ -345,9 +351,7 @@ def cispo_loss(
     (``-w A grad log pi``), including the rare low-probability "fork" tokens that PPO's clip
     would silence. Regions where the weight was clipped are reported as low / high.
     """
-    mask = as_mask(mask)
-    ratio = torch.exp(_log_ratio(logprobs, old_logprobs, mask))
-    adv = masked(advantages.detach(), mask, "advantages")
+    mask, ratio, adv = _token_ratio(logprobs, old_logprobs, advantages, mask)
     weight = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = -weight * adv * masked(logprobs, mask, "logprobs")
     low = mask & (ratio < 1.0 - clip_low)
@@ -364,44 +368,16 @@ def policy_loss_terms(
 ) -> PolicyLossTerms:
     """Dispatch to the configured surrogate with the config's hyperparameters."""
     name = config.policy_loss
+    args = (logprobs, old_logprobs, advantages, mask)
     if name == "ppo":
-        return ppo_clip_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=config.clip_low,
-            clip_high=config.clip_high,
-            dual_clip=config.dual_clip,
-        )
+        return ppo_clip_loss(*args, clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip)
     if name in ("gspo", "gspo_token"):
-        return gspo_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=config.gspo_clip_low,
-            clip_high=config.gspo_clip_high,
-            token_level=name == "gspo_token",
-        )
+        return gspo_loss(*args, clip_low=config.gspo_clip_low, clip_high=config.gspo_clip_high,
+                         token_level=name == "gspo_token")
     if name == "sapo":
-        return sapo_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            tau_pos=config.sapo_tau_pos,
-            tau_neg=config.sapo_tau_neg,
-        )
+        return sapo_loss(*args, tau_pos=config.sapo_tau_pos, tau_neg=config.sapo_tau_neg)
     if name == "cispo":
-        return cispo_loss(
-            logprobs,
-            old_logprobs,
-            advantages,
-            mask,
-            clip_low=config.cispo_clip_low,
-            clip_high=config.cispo_clip_high,
-        )
+        return cispo_loss(*args, clip_low=config.cispo_clip_low, clip_high=config.cispo_clip_high)
     raise ValueError(f"unknown policy_loss {name!r}; allowed: ppo, gspo, gspo_token, sapo, cispo")
 
 
@@ -415,6 +391,126 @@ class LossOutput:
 
     loss: Tensor
     metrics: dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class _MetricShares:
+    """Turns ``[b, T]`` token values into micro-batch metrics that merge into full-batch ones:
+    :meth:`share` (this part of the global token mean) and :meth:`extreme` (max / min over the
+    loss tokens; None when the micro-batch has none, so the metric is left out)."""
+
+    normalizer: LossNormalizer
+    mask: Tensor
+    dtype: torch.dtype
+
+    def share(self, x: Tensor) -> Tensor:
+        return self.normalizer.token_mean(x.detach().to(self.dtype), self.mask)
+
+    def extreme(self, x: Tensor, which: str) -> Tensor | None:
+        if not self.mask.any():
+            return None
+        values = x.detach()[self.mask]
+        return values.max() if which == "max" else values.min()
+
+
+def _check_loss_inputs(
+    config: AlgorithmConfig,
+    normalizer: LossNormalizer,
+    rollout_logprobs: Tensor | None,
+    ref_logprobs: Tensor | None,
+    entropies: Tensor | None,
+) -> None:
+    """Refuse a call that lacks what the config's terms need (before any work)."""
+    if normalizer.mode != config.loss_agg_mode:
+        raise ValueError(
+            f"normalizer mode {normalizer.mode!r} differs from loss_agg_mode "
+            f"{config.loss_agg_mode!r}; build it with LossNormalizer.from_mask(mask, config)"
+        )
+    if config.rollout_correction != "none" and rollout_logprobs is None:
+        raise ValueError(
+            f"rollout_correction={config.rollout_correction!r} needs rollout_logprobs "
+            "(the inference engine's logprobs of the sampled tokens)"
+        )
+    if config.kl_loss_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_loss_coef > 0 needs ref_logprobs (the reference policy's logprobs)")
+    if config.entropy_coef > 0 and entropies is None:
+        raise ValueError("entropy_coef > 0 needs entropies (per-token entropy of the policy)")
+
+
+def _put(metrics: dict[str, Tensor], name: str, value: Tensor | None) -> None:
+    if value is not None:
+        metrics[name] = value
+
+
+def _rollout_metrics_and_weights(
+    config: AlgorithmConfig, old_logprobs: Tensor, rollout_logprobs: Tensor, m: _MetricShares
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The train/rollout gap, and the rollout-correction weights (None without a correction)
+    with their metrics."""
+    mask = m.mask
+    gap = (
+        masked(old_logprobs.detach(), mask, "old_logprobs")
+        - masked(rollout_logprobs.detach(), mask, "rollout_logprobs")
+    ).abs()
+    metrics = {"rollout_gap_mean": m.share(gap)}
+    _put(metrics, "rollout_gap_max", m.extreme(gap, "max"))
+    if config.rollout_correction == "none":
+        return None, metrics
+    isw = rollout_correction_weights(config, old_logprobs, rollout_logprobs, mask)
+    metrics["is_weight_mean"] = m.share(isw.raw)
+    metrics["is_truncated_frac"] = m.share(isw.truncated.float())
+    metrics["is_dropped_frac"] = m.share(isw.dropped.float())
+    _put(metrics, "is_weight_min", m.extreme(isw.raw, "min"))
+    _put(metrics, "is_weight_max", m.extreme(isw.raw, "max"))
+    return isw.weights, metrics
+
+
+def _surrogate_metrics(
+    terms: PolicyLossTerms, logprobs: Tensor, old_logprobs: Tensor, m: _MetricShares
+) -> dict[str, Tensor]:
+    """Clip fractions, the ratio, the approximate KL(pi_old || pi) and SAPO's gate weight."""
+    metrics: dict[str, Tensor] = {}
+    for name, region in (
+        ("clipfrac_low", terms.clipped_low),
+        ("clipfrac_high", terms.clipped_high),
+        ("clipfrac_dual", terms.clipped_dual),
+    ):
+        if region is not None:
+            metrics[name] = m.share(region.float())
+    ratio = terms.extra["ratio"]
+    metrics["ratio_mean"] = m.share(ratio)
+    _put(metrics, "ratio_max", m.extreme(ratio, "max"))
+    metrics["approx_kl"] = m.share(kl_estimate(old_logprobs.detach(), logprobs.detach(), m.mask, "k3"))
+    if "gate_weight" in terms.extra:
+        metrics["sapo_gate_weight_mean"] = m.share(terms.extra["gate_weight"])
+    return metrics
+
+
+def _kl_term(
+    config: AlgorithmConfig, logprobs: Tensor, ref_logprobs: Tensor | None, m: _MetricShares
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """``kl_loss_coef * agg(kl(pi, pi_ref))`` (None when off) and the KL metrics."""
+    if ref_logprobs is None:
+        return None, {}
+    kl = kl_estimate(logprobs, ref_logprobs.detach(), m.mask, config.kl_loss_estimator)
+    metrics = {"kl_ref": m.share(kl)}
+    if config.kl_loss_coef <= 0:
+        return None, metrics
+    kl_loss = m.normalizer.aggregate(kl, m.mask)
+    metrics["kl_loss"] = kl_loss.detach()
+    return config.kl_loss_coef * kl_loss, metrics
+
+
+def _entropy_bonus(
+    config: AlgorithmConfig, entropies: Tensor | None, m: _MetricShares
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """``entropy_coef * agg(H)`` (None when off), to subtract from the loss, and its metric."""
+    if entropies is None:
+        return None, {}
+    metrics = {"entropy": m.share(entropies)}
+    if config.entropy_coef <= 0:
+        return None, metrics
+    return config.entropy_coef * m.normalizer.aggregate(entropies, m.mask), metrics
 
 
 def compute_policy_loss(
@@ -459,77 +555,26 @@ def compute_policy_loss(
     ``sapo_gate_weight_mean``.
     """
     mask = as_mask(mask)
-    if normalizer.mode != config.loss_agg_mode:
-        raise ValueError(
-            f"normalizer mode {normalizer.mode!r} differs from loss_agg_mode "
-            f"{config.loss_agg_mode!r}; build it with LossNormalizer.from_mask(mask, config)"
-        )
+    _check_loss_inputs(config, normalizer, rollout_logprobs, ref_logprobs, entropies)
     terms = policy_loss_terms(config, logprobs, old_logprobs, advantages, mask)
     token_loss = terms.loss
+    m = _MetricShares(normalizer, mask, token_loss.dtype)
     metrics: dict[str, Tensor] = {}
-    n_tok = int(mask.sum())
-
-    def share(x: Tensor) -> Tensor:
-        return normalizer.token_mean(x.detach().to(token_loss.dtype), mask)
-
     if rollout_logprobs is not None:
-        gap = (
-            masked(old_logprobs.detach(), mask, "old_logprobs")
-            - masked(rollout_logprobs.detach(), mask, "rollout_logprobs")
-        ).abs()
-        metrics["rollout_gap_mean"] = share(gap)
-        if n_tok:
-            metrics["rollout_gap_max"] = gap[mask].max()
-    if config.rollout_correction != "none":
-        if rollout_logprobs is None:
-            raise ValueError(
-                f"rollout_correction={config.rollout_correction!r} needs rollout_logprobs "
-                "(the inference engine's logprobs of the sampled tokens)"
-            )
-        isw = rollout_correction_weights(config, old_logprobs, rollout_logprobs, mask)
-        token_loss = token_loss * isw.weights.to(token_loss.dtype)
-        metrics["is_weight_mean"] = share(isw.raw)
-        metrics["is_truncated_frac"] = share(isw.truncated.float())
-        metrics["is_dropped_frac"] = share(isw.dropped.float())
-        if n_tok:
-            metrics["is_weight_min"] = isw.raw[mask].min()
-            metrics["is_weight_max"] = isw.raw[mask].max()
-
-    pg_loss = normalizer.aggregate(token_loss, mask)
-    loss = pg_loss
+        is_weights, metrics = _rollout_metrics_and_weights(config, old_logprobs, rollout_logprobs, m)
+        if is_weights is not None:
+            token_loss = token_loss * is_weights.to(token_loss.dtype)
+    loss = pg_loss = normalizer.aggregate(token_loss, mask)
     metrics["pg_loss"] = pg_loss.detach()
-    for name, region in (
-        ("clipfrac_low", terms.clipped_low),
-        ("clipfrac_high", terms.clipped_high),
-        ("clipfrac_dual", terms.clipped_dual),
-    ):
-        if region is not None:
-            metrics[name] = share(region.float())
-    ratio = terms.extra["ratio"]
-    metrics["ratio_mean"] = share(ratio)
-    if n_tok:
-        metrics["ratio_max"] = ratio.detach()[mask].max()
-    metrics["approx_kl"] = share(kl_estimate(old_logprobs.detach(), logprobs.detach(), mask, "k3"))
-    if "gate_weight" in terms.extra:
-        metrics["sapo_gate_weight_mean"] = share(terms.extra["gate_weight"])
-
-    if config.kl_loss_coef > 0 and ref_logprobs is None:
-        raise ValueError("kl_loss_coef > 0 needs ref_logprobs (the reference policy's logprobs)")
-    if ref_logprobs is not None:
-        kl = kl_estimate(logprobs, ref_logprobs.detach(), mask, config.kl_loss_estimator)
-        metrics["kl_ref"] = share(kl)
-        if config.kl_loss_coef > 0:
-            kl_loss = normalizer.aggregate(kl, mask)
-            metrics["kl_loss"] = kl_loss.detach()
-            loss = loss + config.kl_loss_coef * kl_loss
-
-    if config.entropy_coef > 0 and entropies is None:
-        raise ValueError("entropy_coef > 0 needs entropies (per-token entropy of the policy)")
-    if entropies is not None:
-        metrics["entropy"] = share(entropies)
-        if config.entropy_coef > 0:
-            loss = loss - config.entropy_coef * normalizer.aggregate(entropies, mask)
-
+    metrics.update(_surrogate_metrics(terms, logprobs, old_logprobs, m))
+    kl_term, kl_metrics = _kl_term(config, logprobs, ref_logprobs, m)
+    metrics.update(kl_metrics)
+    if kl_term is not None:
+        loss = loss + kl_term
+    bonus, entropy_metrics = _entropy_bonus(config, entropies, m)
+    metrics.update(entropy_metrics)
+    if bonus is not None:
+        loss = loss - bonus
     metrics["loss"] = loss.detach()
     return LossOutput(loss=loss, metrics=metrics)
 
