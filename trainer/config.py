@@ -263,6 +263,11 @@ class OptimConfig(_Section):
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward (gradient accumulation)")
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
 
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per RL step; more than one needs the proximal policy's logprobs."""
+        return self.mini_batches * self.epochs
+
     @field_validator("betas")
     @classmethod
     def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:

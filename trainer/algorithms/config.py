@@ -164,6 +164,11 @@ class AlgorithmConfig(BaseModel):
         "None keeps all.",
     )
 
+    @property
+    def needs_reference(self) -> bool:
+        """A KL term (in the loss or folded into the reward) needs the reference policy's logprobs."""
+        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
+
     @model_validator(mode="after")
     def _check_ranges(self) -> AlgorithmConfig:
         if self.mis_low >= self.mis_high:

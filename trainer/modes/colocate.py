@@ -39,7 +39,7 @@ import torch
 
 from relax_gym.chat import ChatCodec
 from relax_gym.rewards import RewardComposer
-from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective, TrainerBackend
+from relax_gym.trainer.backends.base import OptimizerSettings, TrainerBackend
 from relax_gym.trainer.checkpoint import (
     CheckpointError,
     CheckpointMismatchError,
@@ -54,7 +54,8 @@ from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
 
-from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, reward_inputs, select_groups, split_by_groups, to_sequence_batch
+from relax_gym.trainer.algorithms.batching import ScoredSample, reward_inputs, select_groups
+from relax_gym.trainer.algorithms.update import recomputed_by, update_policy
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs
 from relax_gym.trainer.engines.fleet import EngineFleet
 
@@ -100,7 +101,7 @@ def rl_optimizer_settings(config: TrainConfig) -> OptimizerSettings:
     t = config.train
     return OptimizerSettings(lr=t.lr, weight_decay=t.weight_decay, betas=t.betas, eps=t.eps,
                              warmup_steps=t.lr_warmup_steps, schedule=t.lr_schedule,
-                             total_steps=t.steps * t.mini_batches * t.epochs, grad_clip=t.grad_clip)
+                             total_steps=t.steps * t.updates_per_step, grad_clip=t.grad_clip)
 
 
 def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
@@ -393,41 +394,15 @@ class Trainer:
             metrics.update(timer.metrics())
             return metrics
 
-        with timer.phase("logprob"):
-            batch = await asyncio.to_thread(to_sequence_batch, samples, self.processor,
-                                            temperature=c.rollout.temperature)
-            rewards = [float(s.reward) for s in samples]  # type: ignore[arg-type]
-            ref = None
-            if c.algorithm.kl_loss_coef > 0 or c.algorithm.kl_reward_coef > 0:
-                ref = (await asyncio.to_thread(self._reference().compute_logprobs, batch)).logprobs
-                batch.ref_logprobs = ref
-            teacher = None
-            if self.teacher is not None:
-                from relax_gym.trainer.rollout.teacher import teacher_logprobs
-
-                teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
-            metrics.update(attach_advantages(batch, rewards, c.algorithm, ref_logprobs=ref, teacher_logprobs=teacher))
-            updates = c.train.mini_batches * c.train.epochs
-            if updates > 1:
-                batch.old_logprobs = (await asyncio.to_thread(self.backend.compute_logprobs, batch)).logprobs
-
-        with timer.phase("train"):
-            objective = PolicyObjective(c.algorithm)
-            merged: dict[str, list[float]] = {}
-            for _epoch in range(c.train.epochs):
-                for rows in split_by_groups(batch.group_ids, c.train.mini_batches):
-                    out = await asyncio.to_thread(self.backend.train_step, batch.select(rows), objective)
-                    for k, v in out.items():
-                        merged.setdefault(k, []).append(v)
-            for k, values in merged.items():
-                agg = max(values) if k.endswith("_max") else min(values) if k.endswith("_min") else float(np.mean(values))
-                metrics[f"train/{k}"] = agg
-            metrics["train/updates"] = float(sum(1 for _ in merged.get("loss", [])))
-
+        update = await update_policy(
+            self.backend, c.algorithm, samples, mini_batches=c.train.mini_batches, epochs=c.train.epochs,
+            temperature=c.rollout.temperature, image_processor=self.processor,
+            reference=recomputed_by(self._reference), teacher=self.teacher, timer=timer)
+        metrics.update(update.metrics)
         with timer.phase("sync"):
             metrics.update(await self.ensure_synced())
         if c.logging.dump_samples and step % c.logging.dump_every == 0:
-            self._dump(step, samples, batch)
+            self._dump(step, samples, update.batch)
         metrics.update(timer.metrics())
         return metrics
 

@@ -31,19 +31,21 @@ import json
 import logging
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective
+from relax_gym.trainer.algorithms.batching import ScoredSample
+from relax_gym.trainer.algorithms.update import update_policy
+from relax_gym.trainer.backends.base import SequenceBatch
 from relax_gym.trainer.checkpoint import CheckpointError, Resume, save_checkpoint
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.modes.colocate import Trainer
-from relax_gym.trainer.algorithms.batching import ScoredSample, attach_advantages, split_by_groups, to_sequence_batch
+from relax_gym.trainer.modes.colocate import Trainer, rl_optimizer_settings
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
 
-from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
+from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueuedSample, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
 from relax_gym.trainer.rollout import EngineRouter
 from relax_gym.trainer.weights.publisher import WeightPublisher
 
@@ -202,17 +204,14 @@ class Learner(Trainer):
         await self._run_phases()  # the warm-up phase only (see Trainer._run_phases)
         self.do_rl = True
         if self.state.step == 0 and self.state.phase != "rl_started":
-            self.backend.configure_optimizer(OptimizerSettings(
-                lr=c.train.lr, weight_decay=c.train.weight_decay, betas=c.train.betas, eps=c.train.eps,
-                warmup_steps=c.train.lr_warmup_steps, schedule=c.train.lr_schedule,
-                total_steps=c.train.steps * c.train.mini_batches * c.train.epochs, grad_clip=c.train.grad_clip))
+            self.backend.configure_optimizer(rl_optimizer_settings(c))
             self.state.phase = "rl_started"
             if c.eval.at_start or self.warmup is not None:
                 metrics = await self.evaluate()
                 self.logger.log(0, metrics, phase="eval")
                 self.logger.message(f"RL start: held-out success {metrics['success']:.3f}")
         await self.ensure_synced()
-        if self.needs_reference:
+        if c.algorithm.needs_reference:
             await asyncio.to_thread(self._reference)  # the policy at RL start, for workers and inline use
         extra = self.state.extra.get("async", {}) if self.resume else {}
         try:
@@ -224,17 +223,8 @@ class Learner(Trainer):
         return {"version": self.state.weight_version, "step": self.state.step, "resumed": bool(self.resume),
                 "done": self.state.step >= c.train.steps, "queue_groups": queue_groups,
                 "queue_state": queue_state, "producer_state": extra.get("producer", {}),
-                "reference_model": str(self.out / "reference_model") if self.needs_reference else None,
+                "reference_model": str(self.out / "reference_model") if c.algorithm.needs_reference else None,
                 "engines": self.engine_info()}
-
-    @property
-    def needs_reference(self) -> bool:
-        a = self.config.algorithm
-        return a.kl_loss_coef > 0 or a.kl_reward_coef > 0
-
-    @property
-    def updates_per_step(self) -> int:
-        return self.config.train.mini_batches * self.config.train.epochs
 
     # ============================================================================================
     # one training step on a queued batch
@@ -253,39 +243,13 @@ class Learner(Trainer):
             metrics["train/skipped_step"] = 1.0
             self._write_ledger(batch, version)
             return {**metrics, **timer.metrics(), "version": float(version)}
-        with timer.phase("logprob"):
-            scored = [ScoredSample(s.traj, s.reward) for s in samples]
-            full = await asyncio.to_thread(to_sequence_batch, scored, self.processor,
-                                           temperature=c.rollout.temperature)
-            ref = None
-            if self.needs_reference:
-                ref = await self._reference_logprobs(full, samples, metrics)
-                full.ref_logprobs = ref
-            teacher = None
-            if self.teacher is not None:
-                from relax_gym.trainer.rollout.teacher import teacher_logprobs
-
-                teacher = await teacher_logprobs(self.teacher, [s.traj for s in samples])
-            metrics.update(attach_advantages(full, [s.reward for s in samples], c.algorithm, ref_logprobs=ref,
-                                             teacher_logprobs=teacher))
-            train_batch = full.select(rows)
-            if self.updates_per_step > 1:
-                train_batch.old_logprobs = await self._proximal_logprobs(train_batch, [samples[i] for i in rows],
-                                                                         version, metrics)
-        train_start = time.time()
-        with timer.phase("train"):
-            objective = PolicyObjective(c.algorithm)
-            merged: dict[str, list[float]] = {}
-            for _epoch in range(c.train.epochs):
-                for part in split_by_groups(train_batch.group_ids, c.train.mini_batches):
-                    out = await asyncio.to_thread(self.backend.train_step, train_batch.select(part), objective)
-                    for k, v in out.items():
-                        merged.setdefault(k, []).append(v)
-            for k, values in merged.items():
-                agg = max(values) if k.endswith("_max") else min(values) if k.endswith("_min") else float(np.mean(values))
-                metrics[f"train/{k}"] = agg
-            metrics["train/updates"] = float(len(merged.get("loss", [])))
-        self.train_intervals.append((train_start, time.time(), version))
+        update = await update_policy(
+            self.backend, c.algorithm, [ScoredSample(s.traj, s.reward) for s in samples],
+            mini_batches=c.train.mini_batches, epochs=c.train.epochs, temperature=c.rollout.temperature,
+            image_processor=self.processor, trained_rows=rows, reference=partial(self._reference_logprobs, samples),
+            proximal=partial(self._proximal_logprobs, samples, version), teacher=self.teacher, timer=timer)
+        metrics.update(update.metrics)
+        self.train_intervals.append((*update.train_span, version))
         self._assign_version()
         if self.overlaps_sync and self.backend.version != self._synced_version:
             # what the next publish sends, while the next step already trains
@@ -327,28 +291,33 @@ class Learner(Trainer):
             m["rollout/partial_samples"] = float(mixed)  # sampled by more than one weight version
         return m
 
-    async def _reference_logprobs(self, full: Any, samples: list[Any], metrics: dict[str, float]) -> list[torch.Tensor]:
-        missing = [i for i, s in enumerate(samples) if self.inline_logprobs or s.ref_logprobs is None]
-        out: list[torch.Tensor | None] = [None if i in set(missing) else torch.tensor(s.ref_logprobs, dtype=torch.float32)
-                                          for i, s in enumerate(samples)]
+    async def _reference_logprobs(self, samples: list[QueuedSample], batch: SequenceBatch,
+                                  rows: list[int]) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """The reference worker's annotations; computed here for the samples it did not reach
+        (or all of them with inline logprobs: hybrid mode)."""
+        missing = [i for i in rows if self.inline_logprobs or samples[i].ref_logprobs is None]
+        out: dict[int, torch.Tensor] = {}
         if missing:
-            res = await asyncio.to_thread(self._reference().compute_logprobs, full.select(missing))
-            for i, lp in zip(missing, res.logprobs, strict=True):
-                out[i] = lp
-        metrics["logprob/ref_from_worker_frac"] = 1.0 - len(missing) / max(1, len(samples))
-        return [t for t in out if t is not None]
+            res = await asyncio.to_thread(self._reference().compute_logprobs, batch.select(missing))
+            out = dict(zip(missing, res.logprobs, strict=True))
+        logprobs = [out[i] if i in out else torch.tensor(samples[i].ref_logprobs, dtype=torch.float32)
+                    for i in rows]
+        return logprobs, {"logprob/ref_from_worker_frac": 1.0 - len(missing) / max(1, len(rows))}
 
-    async def _proximal_logprobs(self, batch: Any, samples: list[Any], version: int,
-                                 metrics: dict[str, float]) -> list[torch.Tensor]:
+    async def _proximal_logprobs(self, samples: list[QueuedSample], version: int, batch: SequenceBatch,
+                                 rows: list[int]) -> tuple[list[torch.Tensor], dict[str, float]]:
+        """The proximal worker's annotations when every trained sample has them from a version at
+        most ``async_rl.prox_max_lag`` behind; else computed here on the whole batch."""
+        trained = [samples[i] for i in rows]
         lag = self.config.async_rl.prox_max_lag
         usable = not self.inline_logprobs and all(
             s.prox_logprobs is not None and s.prox_version is not None and version - s.prox_version <= lag
-            for s in samples)
-        metrics["logprob/prox_from_worker"] = float(usable)
+            for s in trained)
+        metrics = {"logprob/prox_from_worker": float(usable)}
         if usable:
-            metrics["logprob/prox_lag_max"] = float(max(version - s.prox_version for s in samples))
-            return [torch.tensor(s.prox_logprobs, dtype=torch.float32) for s in samples]
-        return (await asyncio.to_thread(self.backend.compute_logprobs, batch)).logprobs
+            metrics["logprob/prox_lag_max"] = float(max(version - s.prox_version for s in trained))
+            return [torch.tensor(s.prox_logprobs, dtype=torch.float32) for s in trained], metrics
+        return (await asyncio.to_thread(self.backend.compute_logprobs, batch)).logprobs, metrics
 
     # -- the ledger --------------------------------------------------------------------------------------
     def _write_ledger(self, batch: Batch, version: int) -> None:

@@ -101,10 +101,7 @@ def needs_workers(config: TrainConfig) -> tuple[bool, bool]:
     when the algorithm needs those logprobs."""
     if config.mode != "fully_async":
         return False, False
-    a = config.algorithm
-    ref = a.kl_loss_coef > 0 or a.kl_reward_coef > 0
-    prox = config.train.mini_batches * config.train.epochs > 1
-    return ref, prox
+    return config.algorithm.needs_reference, config.train.updates_per_step > 1
 
 
 __all__ = ["LocalRole", "RayRole", "Role", "Roles", "Runtime", "needs_workers"]
