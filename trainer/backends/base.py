@@ -27,6 +27,7 @@ prediction and is never in the loss mask.
 from __future__ import annotations
 
 import math
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -174,6 +175,21 @@ class MicroBatch:
     old_logprobs: Tensor | None = None
     rollout_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with its tensors on ``device``."""
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device)
+
+        return MicroBatch(
+            rows=self.rows,
+            loss_mask=self.loss_mask.to(device),
+            advantages=move(self.advantages),
+            old_logprobs=move(self.old_logprobs),
+            rollout_logprobs=move(self.rollout_logprobs),
+            ref_logprobs=move(self.ref_logprobs),
+        )
 
     @classmethod
     def from_batch(cls, batch: SequenceBatch, rows: Sequence[int]) -> MicroBatch:
@@ -329,10 +345,18 @@ def buckets(named: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[
 
 
 class TrainerBackend(ABC):
-    """A model + optimizer that the training loop drives; see the module docstring."""
+    """A model + optimizer that the training loop drives; see the module docstring.
+
+    A backend builds its optimizer in :meth:`_make_optimizer`; :meth:`configure_optimizer` starts
+    a phase with it and :meth:`_apply_lr` sets the scheduled learning rate before each update.
+    """
 
     #: weight version of the current parameters (bumped by every ``train_step``)
     version: int = 0
+    #: optimizer updates in the current phase (drives the learning-rate schedule)
+    updates: int = 0
+    optim_settings: OptimizerSettings
+    optimizer: Any
 
     @abstractmethod
     def compute_logprobs(self, batch: SequenceBatch, *, entropy: bool = False) -> LogprobResult:
@@ -364,8 +388,31 @@ class TrainerBackend(ABC):
         """Inverse of :meth:`save_state`."""
 
     @abstractmethod
+    def _make_optimizer(self, settings: OptimizerSettings) -> Any:
+        """A fresh optimizer over the model's parameters (param groups carrying ``lr``)."""
+
     def configure_optimizer(self, settings: OptimizerSettings) -> None:
-        """Start a training phase: fresh optimizer state and learning-rate schedule."""
+        """Start a training phase: fresh optimizer state and learning-rate schedule (e.g. after
+        the SFT warm-up)."""
+        self.optim_settings = settings
+        self.optimizer = self._make_optimizer(settings)
+        self.updates = 0
+
+    def _apply_lr(self) -> float:
+        """Set the learning rate the schedule gives the next update; returns it."""
+        lr = self.optim_settings.lr * self.optim_settings.factor(self.updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+
+def copy_side_files(source: Path, out: Path, names: Sequence[str]) -> None:
+    """Copy the files ``names`` that exist in the source model folder (tokenizer, processor,
+    ...) next to exported weights in ``out``."""
+    for name in names:
+        src = source / name
+        if src.is_file() and src.resolve() != (out / name).resolve():
+            shutil.copyfile(src, out / name)
 
 
 __all__ = [
@@ -380,5 +427,6 @@ __all__ = [
     "SequenceBatch",
     "TrainerBackend",
     "buckets",
+    "copy_side_files",
     "micro_batches",
 ]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
@@ -40,6 +39,7 @@ from relax_gym.trainer.backends.base import (
     OptimizerSettings,
     SequenceBatch,
     TrainerBackend,
+    copy_side_files,
     micro_batches,
 )
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, read_json_model, save_tree
@@ -68,7 +68,6 @@ class _SavedMeta(BaseModel):
     updates: int = Field(ge=0)
     dtype: str = "float32"
     optimizer_settings: OptimizerSettings
-
 
 
 def _read_meta(file: Path) -> _SavedMeta:
@@ -140,18 +139,6 @@ class TorchBackend(TrainerBackend):
         groups = [{"params": decay, "weight_decay": s.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         fused = self.device.type == "cuda"
         return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, eps=s.eps, foreach=not fused, fused=fused or None)
-
-    def configure_optimizer(self, settings: OptimizerSettings) -> None:
-        """Start a new phase: fresh AdamW state and schedule (e.g. after the SFT warm-up)."""
-        self.optim_settings = settings
-        self.optimizer = self._make_optimizer(settings)
-        self.updates = 0
-
-    def _apply_lr(self) -> float:
-        lr = self.optim_settings.lr * self.optim_settings.factor(self.updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
 
     # -- forward ---------------------------------------------------------------------------------
     def _autocast(self) -> Any:
@@ -237,7 +224,7 @@ class TorchBackend(TrainerBackend):
             sub = batch.select(rows)
             lp, ent = self._token_logprobs(sub, entropy=objective.needs_entropy)
             mb = MicroBatch.from_batch(batch, rows)
-            out = objective.loss(_to(mb, self.device), lp, ent, normalizer)
+            out = objective.loss(mb.to(self.device), lp, ent, normalizer)
             out.loss.backward()
             merged = merge_metrics(merged, out.metrics)
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -272,10 +259,7 @@ class TorchBackend(TrainerBackend):
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(str(out))
-        for name in SIDE_FILES:
-            src = self.model_path / name
-            if src.is_file() and src.resolve() != (out / name).resolve():
-                shutil.copyfile(src, out / name)
+        copy_side_files(self.model_path, out, SIDE_FILES)
         return out
 
     def save_state(self, path: str | Path) -> None:
@@ -357,20 +341,6 @@ class TorchBackend(TrainerBackend):
         emb = self.model.get_input_embeddings()
         head = self.model.get_output_embeddings()
         return head is not None and emb is not None and head.weight is emb.weight and name.endswith("lm_head.weight")
-
-
-def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
-    def move(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(device)
-
-    return MicroBatch(
-        rows=mb.rows,
-        loss_mask=mb.loss_mask.to(device),
-        advantages=move(mb.advantages),
-        old_logprobs=move(mb.old_logprobs),
-        rollout_logprobs=move(mb.rollout_logprobs),
-        ref_logprobs=move(mb.ref_logprobs),
-    )
 
 
 __all__ = ["OPTIMIZER_FILE", "SIDE_FILES", "BackendError", "TorchBackend"]

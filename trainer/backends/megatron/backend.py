@@ -46,6 +46,7 @@ from relax_gym.trainer.backends.base import (
     OptimizerSettings,
     SequenceBatch,
     TrainerBackend,
+    copy_side_files,
     micro_batches,
 )
 from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
@@ -219,18 +220,6 @@ class MegatronBackend(TrainerBackend):
         )
         return get_megatron_optimizer(opt_config, [self.ddp])
 
-    def configure_optimizer(self, settings: OptimizerSettings) -> None:
-        """Start a new phase: fresh optimizer state and schedule (e.g. after the SFT warm-up)."""
-        self.optim_settings = settings
-        self.optimizer = self._make_optimizer(settings)
-        self.updates = 0
-
-    def _apply_lr(self) -> float:
-        lr = self.optim_settings.lr * self.optim_settings.factor(self.updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        return lr
-
     # -- micro-batches ---------------------------------------------------------------------------
     def _my_rows(self, batch: SequenceBatch) -> list[int]:
         """This DP rank's rows: longest-first round robin, so ranks get similar token counts."""
@@ -360,7 +349,7 @@ class MegatronBackend(TrainerBackend):
             lps, ents = token_logprobs(
                 row, output, entropy=objective.needs_entropy, temperature=batch.temperature
             )
-            mb = _to(MicroBatch.from_batch(batch, row.rows), output.device)
+            mb = MicroBatch.from_batch(batch, row.rows).to(output.device)
             width = mb.loss_mask.shape[1]
             lp = pad_rows(lps, width)
             ent = pad_rows(ents, width) if ents is not None else None
@@ -440,10 +429,7 @@ class MegatronBackend(TrainerBackend):
             extra_tensors=extra,
         )
         if written is not None:
-            for name in SIDE_FILES:
-                src = self.model_path / name
-                if src.is_file() and src.resolve() != (out / name).resolve():
-                    shutil.copyfile(src, out / name)
+            copy_side_files(self.model_path, out, SIDE_FILES)
         dist.barrier()
         return out
 
@@ -508,23 +494,8 @@ class _SavedMeta(BaseModel):
     optimizer_settings: OptimizerSettings
 
 
-
 def _read_meta(file: Path) -> _SavedMeta:
     return read_json_model(file, _SavedMeta, MegatronBackendError)
-
-
-def _to(mb: MicroBatch, device: torch.device) -> MicroBatch:
-    def move(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(device)
-
-    return MicroBatch(
-        rows=mb.rows,
-        loss_mask=mb.loss_mask.to(device),
-        advantages=move(mb.advantages),
-        old_logprobs=move(mb.old_logprobs),
-        rollout_logprobs=move(mb.rollout_logprobs),
-        ref_logprobs=move(mb.ref_logprobs),
-    )
 
 
 __all__ = ["MegatronBackend", "MegatronBackendError", "ensure_distributed"]
