@@ -42,7 +42,7 @@ import json
 import math
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -586,23 +586,28 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
     return out
 
 
-def _deep_copy(data: Any) -> Any:
+def _map_leaves(data: Any, leaf: Callable[[Any], Any]) -> Any:
+    """A copy of nested dicts and lists with ``leaf`` applied to every other value."""
     if isinstance(data, dict):
-        return {k: _deep_copy(v) for k, v in data.items()}
+        return {k: _map_leaves(v, leaf) for k, v in data.items()}
     if isinstance(data, list):
-        return [_deep_copy(v) for v in data]
-    return data
+        return [_map_leaves(v, leaf) for v in data]
+    return leaf(data)
+
+
+def _deep_copy(data: Any) -> Any:
+    return _map_leaves(data, lambda value: value)
+
+
+def _yaml_float(value: Any) -> Any:
+    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; turn such a string back into a float."""
+    if isinstance(value, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", value):
+        return float(value)
+    return value
 
 
 def _fix_yaml_floats(data: Any) -> Any:
-    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; turn such strings back into floats."""
-    if isinstance(data, dict):
-        return {k: _fix_yaml_floats(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_fix_yaml_floats(v) for v in data]
-    if isinstance(data, str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", data):
-        return float(data)
-    return data
+    return _map_leaves(data, _yaml_float)
 
 
 def _leaf_problem(value: Any) -> str | None:

@@ -36,20 +36,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym sft: {exc}", file=sys.stderr)
         return 2
-    from relax_gym.trainer.train_cli import exit_code_of_failed_run
     from relax_gym.trainer.modes.colocate import train
+    from relax_gym.trainer.train_cli import held_out_change, run_to_end
 
-    try:
-        summary = train(config, resume=args.resume, rl=False)
-    except Exception as exc:
-        code = exit_code_of_failed_run("sft", exc)
-        if code is None:
-            raise
-        return code
-    first = summary.first_eval.get("success")
-    final = summary.final_eval.get("success")
-    msg = f"SFT done; model written to {out}"
-    if first is not None and final is not None:
-        msg += f"; held-out success {first:.2f} -> {final:.2f}"
-    print(msg)
+    summary = run_to_end("sft", lambda: train(config, resume=args.resume, rl=False))
+    if isinstance(summary, int):
+        return summary
+    print(f"SFT done; model written to {out}{held_out_change(summary)}")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -69,6 +70,26 @@ def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
     return EXIT_CODE
 
 
+def run_to_end(command: str, start: Callable[[], RunSummary]) -> RunSummary | int:
+    """``start()``'s summary, or the exit status of its failure (:func:`exit_code_of_failed_run`)."""
+    try:
+        return start()
+    except Exception as exc:
+        code = exit_code_of_failed_run(command, exc)
+        if code is None:
+            raise
+        return code
+
+
+def held_out_change(summary: RunSummary) -> str:
+    """``"; held-out success 0.10 -> 0.60"`` for the run's first and final evaluation, or ""."""
+    first = summary.first_eval.get("success")
+    final = summary.final_eval.get("success")
+    if first is None or final is None:
+        return ""
+    return f"; held-out success {first:.2f} -> {final:.2f}"
+
+
 def run(args: argparse.Namespace) -> int:
     _override_after_resume(args)
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
@@ -86,18 +107,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"relax-gym train: config error: {exc}", file=sys.stderr)
         return 2
-    try:
-        summary = train(config, resume=args.resume)
-    except Exception as exc:
-        code = exit_code_of_failed_run("train", exc)
-        if code is None:
-            raise
-        return code
-    first = summary.first_eval.get("success")
-    final = summary.final_eval.get("success")
+    summary = run_to_end("train", lambda: train(config, resume=args.resume))
+    if isinstance(summary, int):
+        return summary
     line = f"done ({config.mode}): {summary.steps} RL steps in {summary.elapsed_s / 60:.1f} min; outputs in {summary.out_dir}"
-    if first is not None and final is not None:
-        line += f"; held-out success {first:.2f} -> {final:.2f}"
+    line += held_out_change(summary)
     if summary.curves is not None:
         line += f"; curves: {summary.curves}"
     print(line)

@@ -49,21 +49,9 @@ QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<think>",
     "</think>",
 )
-# Tokens the tokenizer treats as special (skipped on decode); the rest are ordinary added tokens.
-_NON_SPECIAL = {
-    "<tool_call>",
-    "</tool_call>",
-    "<tool_response>",
-    "</tool_response>",
-    "<think>",
-    "</think>",
-    "<|fim_prefix|>",
-    "<|fim_middle|>",
-    "<|fim_suffix|>",
-    "<|fim_pad|>",
-    "<|repo_name|>",
-    "<|file_sep|>",
-}
+# Tokens the tokenizer treats as special (skipped on decode) come first; from ``<tool_call>`` on
+# they are ordinary added tokens, as in Qwen3's tokenizer_config.json.
+_NON_SPECIAL = frozenset(QWEN_SPECIAL_TOKENS[QWEN_SPECIAL_TOKENS.index("<tool_call>"):])
 
 
 class TokenizerFilesMissing(RelaxGymError):

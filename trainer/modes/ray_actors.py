@@ -7,9 +7,10 @@ a reward worker that restarts after a crash should be back in seconds, without l
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 from typing import Any
+
+from relax_gym.trainer.modes.roles import call_method  # stdlib imports only
 
 
 def import_modules(names: list[str]) -> None:
@@ -79,10 +80,7 @@ class RoleActor:
         self.obj = _build(kind, config, kwargs)
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.obj, name)(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await call_method(self.obj, name, *args, **kwargs)
 
     def ready(self) -> str:
         return self.kind

@@ -34,6 +34,15 @@ class Role:
         return method
 
 
+async def call_method(obj: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``obj.name(*args, **kwargs)``, awaited when it returns an awaitable: how a role (in this
+    process or inside a Ray actor) runs a method of the object it holds."""
+    result = getattr(obj, name)(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
 class LocalRole(Role):
     """An object in this process; sync methods run inline (they must be quick), async ones are awaited."""
 
@@ -41,10 +50,7 @@ class LocalRole(Role):
         self.obj = obj
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.obj, name)(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+        return await call_method(self.obj, name, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"LocalRole({type(self.obj).__name__})"
@@ -104,4 +110,4 @@ def needs_workers(config: TrainConfig) -> tuple[bool, bool]:
     return config.algorithm.needs_reference, config.train.updates_per_step > 1
 
 
-__all__ = ["LocalRole", "RayRole", "Role", "Roles", "Runtime", "needs_workers"]
+__all__ = ["LocalRole", "RayRole", "Role", "Roles", "Runtime", "call_method", "needs_workers"]
