@@ -562,3 +562,41 @@ def bf16_backend_check(model_dir: str, work_dir: str) -> Result:
         "losses": losses,
         "resumed_loss": backend.train_step(batch, objective)["loss"],
     }
+
+
+def update_policy_check(model_dir: str) -> Result:
+    """One RL step through update_policy on MegatronBackend and on TorchBackend, same weights,
+    same samples, same reference: two mini-batches with the proximal recompute and a KL term."""
+    import asyncio
+
+    from relax_gym.trainer.algorithms import AlgorithmConfig
+    from relax_gym.trainer.algorithms.batching import ScoredSample
+    from relax_gym.trainer.algorithms.update import recomputed_by, update_policy
+    from relax_gym.trainer.backends.base import OptimizerSettings
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.pytorch import TorchBackend
+    from relax_gym.trainer.rollout import Trajectory
+
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for g in range(2):
+        prompt = torch.randint(1, 100, (5 + g,), generator=gen).tolist()
+        for k, reward in enumerate((1.0, 0.0, 0.5)):
+            answer = torch.randint(1, 100, (4 + 3 * k + g,), generator=gen).tolist()
+            traj = Trajectory(token_ids=prompt + answer, loss_mask=[0] * len(prompt) + [1] * len(answer),
+                              rollout_logprobs=[0.0] * len(prompt) + [-2.0] * len(answer),
+                              weight_versions=[-1] * len(prompt) + [0] * len(answer), prompt_length=len(prompt),
+                              group_id=str(g), stop_reason="env_done")
+            samples.append(ScoredSample(traj, reward))
+    config = AlgorithmConfig(kl_loss_coef=0.05)
+    settings = OptimizerSettings(lr=1e-3, grad_clip=None)
+    reference = TorchBackend(model_dir, micro_batch_size=6)
+    out: Result = {}
+    backends = {"megatron": MegatronBackend(model_dir, micro_batch_size=2, optimizer=settings),
+                "torch": TorchBackend(model_dir, micro_batch_size=2, optimizer=settings)}
+    for name, backend in backends.items():
+        update = asyncio.run(update_policy(backend, config, samples, mini_batches=2,
+                                           reference=recomputed_by(reference)))
+        out[name] = {k: v for k, v in update.metrics.items() if k.startswith("train/")}
+        out[name]["version"] = backend.version
+    return out

@@ -95,6 +95,23 @@ def test_qwen3vl_single_process_debug_mode(tmp_path: Path) -> None:
     assert r["export_logprob_max_diff"] < 1e-5
 
 
+@pytest.mark.slow  # ~11 s of CPU, 7 of them importing megatron-core and transformers in a fresh process
+def test_update_policy_runs_the_same_step_on_both_backends(tmp_path: Path) -> None:
+    """The one RL update (proximal recompute, KL term, two mini-batches) on megatron and torch."""
+    model_dir = tiny_models.save_model(tiny_models.qwen3_config(layers=2), tmp_path / "hf")
+    r = dist_workers.run_isolated(
+        dist_workers.update_policy_check,
+        env={"RELAX_MEGATRON_CPU_SHIM": "1"},
+        model_dir=str(model_dir),
+    )
+    print(r)
+    meg, ref = r["megatron"], r["torch"]
+    assert meg["version"] == ref["version"] == 2 and meg["train/updates"] == ref["train/updates"] == 2.0
+    for key in ("train/loss", "train/pg_loss", "train/kl_ref", "train/approx_kl", "train/num_tokens"):
+        assert meg[key] == pytest.approx(ref[key], abs=1e-5), key
+    assert meg["train/grad_norm"] == pytest.approx(ref["train/grad_norm"], rel=1e-4)
+
+
 def test_cpu_without_debug_flag_is_a_clear_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -56,6 +56,7 @@ from relax_gym.trainer.backends.megatron.config import (
     dims_from_hf_config,
     transformer_config,
 )
+from relax_gym.trainer.backends.megatron.cpu_debug import on_any_thread
 from relax_gym.trainer.backends.megatron.model import build_gpt_model, init_model_parallel
 from relax_gym.trainer.backends.megatron.packing import PackedRow, pack_rows, pad_rows, token_logprobs
 from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
@@ -287,6 +288,7 @@ class MegatronBackend(TrainerBackend):
         return torch.zeros((), dtype=torch.int, device=self.device)
 
     # -- the interface ---------------------------------------------------------------------------
+    @on_any_thread
     @torch.no_grad()
     def compute_logprobs(self, batch: SequenceBatch, *, entropy: bool = False) -> LogprobResult:
         from megatron.core import parallel_state as ps
@@ -334,6 +336,7 @@ class MegatronBackend(TrainerBackend):
             entropies=[found[i][1] for i in range(len(batch))] if entropy else None,  # type: ignore[misc]
         )
 
+    @on_any_thread
     def train_step(self, batch: SequenceBatch, objective: Objective) -> dict[str, float]:
         if len(batch) == 0:
             raise ValueError("train_step needs a non-empty batch")
@@ -417,6 +420,7 @@ class MegatronBackend(TrainerBackend):
         for bucket in self.export_weights(bucket_bytes(self.cfg)):
             yield from bucket
 
+    @on_any_thread
     def save_pretrained(self, path: str | Path) -> Path:
         out = Path(path)
         extra = self.module.vision_hf_tensors() if self.is_vision else None
@@ -433,6 +437,7 @@ class MegatronBackend(TrainerBackend):
         dist.barrier()
         return out
 
+    @on_any_thread
     def save_state(self, path: str | Path) -> None:
         """Megatron distributed checkpoint (model + optimizer) plus ``backend.json``."""
         from megatron.core import dist_checkpointing
@@ -460,6 +465,7 @@ class MegatronBackend(TrainerBackend):
             (out / "backend.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")
         dist.barrier()
 
+    @on_any_thread
     def load_state(self, path: str | Path) -> None:
         """Inverse of :meth:`save_state`, reading nothing as a pickle (``backend.json`` by
         pydantic, the distributed checkpoint by :func:`.safe_checkpoint.safe_load`). Every failure

@@ -13,9 +13,11 @@ to start where CUDA is available, so it can never sit on the GPU path.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -70,6 +72,8 @@ _PATCHES: dict[str, Any] = {
 ENV_FLAG = "RELAX_MEGATRON_CPU_SHIM"
 _active = 0
 _process_wide: contextlib.ExitStack | None = None
+_thread = threading.local()  # torch keeps function modes per thread
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def is_active() -> bool:
@@ -89,13 +93,43 @@ def megatron_on_cpu() -> Iterator[None]:
         setattr(torch.cuda, name, fn)
     _active += 1
     try:
-        with CudaToCpuMode():
+        with _mode_in_this_thread():
             tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True)
             yield
     finally:
         _active -= 1
         for name, fn in saved.items():
             setattr(torch.cuda, name, fn)
+
+
+@contextlib.contextmanager
+def _mode_in_this_thread() -> Iterator[None]:
+    if getattr(_thread, "inside", False):
+        yield
+        return
+    _thread.inside = True
+    try:
+        with CudaToCpuMode():
+            yield
+    finally:
+        _thread.inside = False
+
+
+def on_any_thread(method: _F) -> _F:
+    """Run ``method`` under the shim in whichever thread calls it, while the shim is on.
+
+    The torch-function mode is per thread, and the training loop calls the backend from worker
+    threads (``asyncio.to_thread``); the ``torch.cuda`` patches are process-wide already.
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not is_active():
+            return method(*args, **kwargs)
+        with _mode_in_this_thread():
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def enable_from_env() -> bool:
