@@ -333,8 +333,10 @@ class Trainer:
         self.logger.message(f"warm-up step {sft_step}: held-out success {metrics['success']:.3f}")
         return metrics
 
-    def _checkpoint(self, name: str) -> Path:
-        self.state.sampler = self.sampler.state_dict()
+    def _record_run_state(self, sampler: dict[str, Any]) -> None:
+        """Put what a resume needs besides the weights into ``self.state``: the episode sampler's
+        state, the elapsed time, the evaluations so far and the warm-up phase."""
+        self.state.sampler = sampler
         self.state.elapsed_s = self.logger.elapsed_s
         self.state.extra["first_eval"] = self.first_eval
         self.state.extra["last_eval"] = self.last_eval
@@ -342,9 +344,17 @@ class Trainer:
             self.state.warmup_step = self.warmup.step
             self.state.warmup_done = self.warmup.done
             self.state.extra["warmup"] = self.warmup.state_dict()
+
+    def _checkpoint(self, name: str) -> Path:
+        self._record_run_state(self.sampler.state_dict())
         c = self.config.checkpoint
         return save_checkpoint(self.out, name, self.backend, self.state, buffer=self.buffer,
                                keep_last=c.keep_last, save_optimizer=c.save_optimizer)
+
+    def checkpoint_due(self, step: int) -> bool:
+        """A periodic checkpoint after RL step ``step`` (the last step's is written at the end)."""
+        every = self.config.checkpoint.every
+        return bool(every) and step % every == 0 and step < self.config.train.steps
 
     # ============================================================================================
     # one RL step
@@ -461,16 +471,20 @@ class Trainer:
     async def start(self) -> None:
         """Build the model and backend, restore a checkpoint (``resume``), start the engines."""
         self._setup()
-        c = self.config
-        self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
-                                wandb=c.logging.wandb.model_dump() if c.logging.wandb.enabled else None,
-                                run_name=c.run_name, config=c.model_dump(mode="json"), total_steps=c.train.steps,
-                                initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
+        self._open_logger()
         try:
             await self._start_engines()
         except BaseException:
             await self.close()
             raise
+
+    def _open_logger(self) -> None:
+        """Metrics, TensorBoard / W&B and progress, continuing from a restored state's step."""
+        c = self.config
+        self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
+                                wandb=c.logging.wandb.model_dump() if c.logging.wandb.enabled else None,
+                                run_name=c.run_name, config=c.model_dump(mode="json"), total_steps=c.train.steps,
+                                initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
 
     async def close(self) -> None:
         """Stop the engines and close the writers (idempotent)."""
@@ -520,6 +534,24 @@ class Trainer:
         if not self.do_rl:
             return
         # -- RL ----------------------------------------------------------------------------------
+        await self._start_rl()
+        while self.state.step < c.train.steps:
+            step = self.state.step + 1
+            metrics = await self.rl_step(step)
+            await self._end_step(step, metrics, step_s=metrics.get("time/step", float("nan")))
+            if self.checkpoint_due(step):
+                self._checkpoint(f"step_{step:06d}")
+        # -- the end -----------------------------------------------------------------------------
+        if c.train.steps > 0:
+            await self._final_eval()
+        self.state.phase = "done"
+        self._checkpoint(f"step_{self.state.step:06d}")
+        await self._export_final_model()
+
+    async def _start_rl(self) -> None:
+        """The RL phase begins (once, not again on a resume): the RL optimizer and schedule, a
+        held-out evaluation when asked for or after a warm-up; then the engines serve the weights."""
+        c = self.config
         if self.state.step == 0 and self.state.phase != "rl_started":
             self.backend.configure_optimizer(rl_optimizer_settings(c))
             self.state.phase = "rl_started"
@@ -528,31 +560,32 @@ class Trainer:
                 self.logger.log(0, metrics, phase="eval")
                 self.logger.message(f"RL start: held-out success {metrics['success']:.3f}")
         await self.ensure_synced()
-        while self.state.step < c.train.steps:
-            step = self.state.step + 1
-            metrics = await self.rl_step(step)
-            self.state.step = step
-            self.logger.log(step, metrics, phase="train")
-            headline = {"reward": metrics.get("rollout/reward_mean", float("nan")),
-                        "success": metrics.get("rollout/success", float("nan")),
-                        "step_s": metrics.get("time/step", float("nan"))}
-            if c.eval.every and step % c.eval.every == 0 and step < c.train.steps:
-                ev = await self.evaluate()
-                self.logger.log(step, ev, phase="eval")
-                headline["eval_success"] = ev["success"]
-            elif self.last_eval:
-                headline["eval_success"] = self.last_eval.get("success", float("nan"))
-            self.logger.show(step, headline)
-            if c.checkpoint.every and step % c.checkpoint.every == 0 and step < c.train.steps:
-                self._checkpoint(f"step_{step:06d}")
-        # -- the end -----------------------------------------------------------------------------
-        if c.train.steps > 0:
+
+    async def _end_step(self, step: int, metrics: dict[str, float], **headline: float) -> dict[str, float]:
+        """Record RL step ``step``: its metrics, the periodic evaluation when due (returned, or
+        {}), and the progress line (reward, success, ``headline`` and the last eval success)."""
+        c = self.config
+        self.state.step = step
+        self.logger.log(step, metrics, phase="train")
+        shown = {"reward": metrics.get("rollout/reward_mean", float("nan")),
+                 "success": metrics.get("rollout/success", float("nan")), **headline}
+        ev: dict[str, float] = {}
+        if c.eval.every and step % c.eval.every == 0 and step < c.train.steps:
             ev = await self.evaluate()
-            self.logger.log(self.state.step, ev, phase="eval")
-            self.logger.message(f"final: held-out success {ev['success']:.3f} after {self.state.step} RL steps")
-        self.state.phase = "done"
-        self._checkpoint(f"step_{self.state.step:06d}")
-        if c.checkpoint.export_hf:
+            self.logger.log(step, ev, phase="eval")
+            shown["eval_success"] = ev["success"]
+        elif self.last_eval:
+            shown["eval_success"] = self.last_eval.get("success", float("nan"))
+        self.logger.show(step, shown)
+        return ev
+
+    async def _final_eval(self) -> None:
+        ev = await self.evaluate()
+        self.logger.log(self.state.step, ev, phase="eval")
+        self.logger.message(f"final: held-out success {ev['success']:.3f} after {self.state.step} RL steps")
+
+    async def _export_final_model(self) -> None:
+        if self.config.checkpoint.export_hf:
             await asyncio.to_thread(self.backend.save_pretrained, self.out / "final_model")
 
     async def _warmup_checkpoint(self, sft_step: int) -> None:

@@ -13,7 +13,9 @@ queue, and publishes the new weights while the producer keeps generating. Per st
    (``async_rl.prox_max_lag``), else computed here;
 2. **train** -- the same mini-batch x epoch updates as colocate on the admitted samples. The
    decoupled / TIS corrections compare the behaviour logprobs (the engine's, per token, each
-   from the weight version recorded on the token) with the proximal ones;
+   from the weight version recorded on the token) with the proximal ones. Steps 1 and 2 are
+   colocate's :func:`~relax_gym.trainer.algorithms.update.update_policy`, given the admitted
+   rows and the two logprob sources above;
 3. **ledger** -- one line per step in ``<out>/ledger.jsonl``: the trained sample ids, the refused
    ones, and each sample's staleness, so exactly-once and the staleness bound can be audited
    from the run's files.
@@ -42,8 +44,8 @@ from relax_gym.trainer.algorithms.update import update_policy
 from relax_gym.trainer.backends.base import SequenceBatch
 from relax_gym.trainer.checkpoint import CheckpointError, Resume, save_checkpoint
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.modes.colocate import Trainer, rl_optimizer_settings
-from relax_gym.trainer.observability import PhaseTimer, RunLogger, plot_curves
+from relax_gym.trainer.modes.colocate import Trainer
+from relax_gym.trainer.observability import PhaseTimer, plot_curves
 
 from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueuedSample, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
 from relax_gym.trainer.rollout import EngineRouter
@@ -184,10 +186,7 @@ class Learner(Trainer):
             kill_orphan_engines(self.out)
         self._setup()
         c = self.config
-        self.logger = RunLogger(self.out, progress=c.logging.progress, tensorboard=c.logging.tensorboard,
-                                wandb=c.logging.wandb.model_dump() if c.logging.wandb.enabled else None,
-                                run_name=c.run_name, config=c.model_dump(mode="json"), total_steps=c.train.steps,
-                                initial_step=self.state.step, elapsed_offset_s=self.state.elapsed_s)
+        self._open_logger()
         await self._start_engines()
         self._opened = True
         if self.resume:
@@ -203,14 +202,7 @@ class Learner(Trainer):
         self.do_rl = False
         await self._run_phases()  # the warm-up phase only (see Trainer._run_phases)
         self.do_rl = True
-        if self.state.step == 0 and self.state.phase != "rl_started":
-            self.backend.configure_optimizer(rl_optimizer_settings(c))
-            self.state.phase = "rl_started"
-            if c.eval.at_start or self.warmup is not None:
-                metrics = await self.evaluate()
-                self.logger.log(0, metrics, phase="eval")
-                self.logger.message(f"RL start: held-out success {metrics['success']:.3f}")
-        await self.ensure_synced()
+        await self._start_rl()
         if c.algorithm.needs_reference:
             await asyncio.to_thread(self._reference)  # the policy at RL start, for workers and inline use
         extra = self.state.extra.get("async", {}) if self.resume else {}
@@ -373,44 +365,19 @@ class Learner(Trainer):
 
     async def end_step(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
         """Record step ``step``: metrics, progress, evaluation when due. Returns the eval metrics."""
-        c = self.config
-        self.state.step = step
-        self.logger.log(step, metrics, phase="train")
-        headline = {"reward": metrics.get("rollout/reward_mean", float("nan")),
-                    "success": metrics.get("rollout/success", float("nan")),
-                    "step_s": metrics.get("time/step_wall", float("nan")),
-                    "stale": metrics.get("staleness/mean", float("nan"))}
-        ev: dict[str, float] = {}
-        if c.eval.every and step % c.eval.every == 0 and step < c.train.steps:
-            ev = await self.evaluate()
-            self.logger.log(step, ev, phase="eval")
-            headline["eval_success"] = ev["success"]
-        elif self.last_eval:
-            headline["eval_success"] = self.last_eval.get("success", float("nan"))
-        self.logger.show(step, headline)
-        return ev
-
-    def checkpoint_due(self, step: int) -> bool:
-        every = self.config.checkpoint.every
-        return bool(every) and step % every == 0 and step < self.config.train.steps
+        return await self._end_step(step, metrics, step_s=metrics.get("time/step_wall", float("nan")),
+                                    stale=metrics.get("staleness/mean", float("nan")))
 
     async def save(self, name: str, producer_state: dict[str, Any], queue_snapshot: tuple[list[QueuedGroup],
                    dict[str, Any]]) -> str:
         """An atomic checkpoint holding the model, the queue's contents and the producer's state."""
         groups, queue_state = queue_snapshot
-        self.state.sampler = producer_state.get("sampler", {})
-        self.state.elapsed_s = self.logger.elapsed_s
-        self.state.extra["first_eval"] = self.first_eval
-        self.state.extra["last_eval"] = self.last_eval
+        self._record_run_state(producer_state.get("sampler", {}))
         queued = {g.group_id for g in groups}
         producer_state = dict(producer_state)
         # a group can be queued between the two snapshots: the queue's copy wins
         producer_state["pending"] = [p for p in producer_state.get("pending", []) if p.get("group_id") not in queued]
         self.state.extra["async"] = {"producer": producer_state, "queue": queue_state}
-        if self.warmup is not None:
-            self.state.warmup_step = self.warmup.step
-            self.state.warmup_done = self.warmup.done
-            self.state.extra["warmup"] = self.warmup.state_dict()
         c = self.config.checkpoint
         folder = await asyncio.to_thread(
             save_checkpoint, self.out, name, self.backend, self.state, buffer=groups_to_trajectories(groups),
@@ -422,13 +389,10 @@ class Learner(Trainer):
         """Final evaluation, the final checkpoint (with what is still queued or pending), export."""
         c = self.config
         if c.train.steps > 0 and self.state.step > 0:
-            ev = await self.evaluate()
-            self.logger.log(self.state.step, ev, phase="eval")
-            self.logger.message(f"final: held-out success {ev['success']:.3f} after {self.state.step} RL steps")
+            await self._final_eval()
         self.state.phase = "done"
         await self.save(f"step_{self.state.step:06d}", producer_state, queue_snapshot)
-        if c.checkpoint.export_hf:
-            await asyncio.to_thread(self.backend.save_pretrained, self.out / "final_model")
+        await self._export_final_model()
         return {"steps": self.state.step, "first_eval": self.first_eval, "final_eval": self.last_eval,
                 "elapsed_s": self.logger.elapsed_s}
 
