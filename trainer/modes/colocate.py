@@ -514,23 +514,9 @@ class Trainer:
 
     async def _run_phases(self) -> None:
         c = self.config
-        if self.state.phase == "done" and self.state.step >= c.train.steps:
-            self.logger.message(f"{self.out}: this run already finished ({self.state.step} RL steps)")
+        if self._finished():
             return
-        # -- warm-up (SFT) ---------------------------------------------------------------------
-        if self.warmup is not None and not self.warmup.done:
-            if self.warmup.step == 0 and not self.resume:
-                self.backend.configure_optimizer(self.warmup.settings())
-                if c.eval.at_start:
-                    await self._warmup_eval(0)
-            await self.warmup.run(on_step=self._warmup_checkpoint)
-            metrics = await self._warmup_eval(self.warmup.step)
-            self.logger.message(f"warm-up finished after {self.warmup.step} steps: held-out success "
-                                f"{metrics['success']:.3f}")
-            if c.warmup.save_to:
-                self.backend.save_pretrained(c.warmup.save_to)
-            self.state.phase = "rl"
-            self._checkpoint(f"warmup_{self.warmup.step:06d}")
+        await self._run_warmup()
         if not self.do_rl:
             return
         # -- RL ----------------------------------------------------------------------------------
@@ -547,6 +533,31 @@ class Trainer:
         self.state.phase = "done"
         self._checkpoint(f"step_{self.state.step:06d}")
         await self._export_final_model()
+
+    def _finished(self) -> bool:
+        """True (and says so) when the run restored had already finished."""
+        if self.state.phase == "done" and self.state.step >= self.config.train.steps:
+            self.logger.message(f"{self.out}: this run already finished ({self.state.step} RL steps)")
+            return True
+        return False
+
+    async def _run_warmup(self) -> None:
+        """The warm-up SFT phase, or what is left of it after a resume; nothing once it is done."""
+        c = self.config
+        if self.warmup is None or self.warmup.done:
+            return
+        if self.warmup.step == 0 and not self.resume:
+            self.backend.configure_optimizer(self.warmup.settings())
+            if c.eval.at_start:
+                await self._warmup_eval(0)
+        await self.warmup.run(on_step=self._warmup_checkpoint)
+        metrics = await self._warmup_eval(self.warmup.step)
+        self.logger.message(f"warm-up finished after {self.warmup.step} steps: held-out success "
+                            f"{metrics['success']:.3f}")
+        if c.warmup.save_to:
+            self.backend.save_pretrained(c.warmup.save_to)
+        self.state.phase = "rl"
+        self._checkpoint(f"warmup_{self.warmup.step:06d}")
 
     async def _start_rl(self) -> None:
         """The RL phase begins (once, not again on a resume): the RL optimizer and schedule, a

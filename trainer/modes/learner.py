@@ -199,9 +199,8 @@ class Learner(Trainer):
             self.restored_from = str(self._resume_from)
         else:
             self._synced_version = -1  # engines may serve anything (shared or external): push ours
-        self.do_rl = False
-        await self._run_phases()  # the warm-up phase only (see Trainer._run_phases)
-        self.do_rl = True
+        if not self._finished():
+            await self._run_warmup()
         await self._start_rl()
         if c.algorithm.needs_reference:
             await asyncio.to_thread(self._reference)  # the policy at RL start, for workers and inline use
