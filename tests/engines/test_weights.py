@@ -16,7 +16,7 @@ import pytest
 import torch
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 from relax_gym.trainer.config import DistributedSyncConfig
-from relax_gym.trainer.engines.weights import UpdateWeightsFromTensorRequest, encode_named_tensors
+from relax_gym.trainer.engines.weight_receiver import UpdateWeightsFromTensorRequest, encode_named_tensors
 from relax_gym.trainer.weights.broadcast import BroadcastTransport
 from relax_gym.trainer.weights.tensor import TensorTransport
 from relax_gym.trainer.weights.transport import Snapshot
@@ -269,7 +269,7 @@ async def test_distributed_requests_are_validated(engine: EmbeddedEngineProcess)
 
 def test_safetensors_items_round_trip_tied_weights() -> None:
     from relax_gym.trainer.backends.base import buckets
-    from relax_gym.trainer.engines.weights import decode_named_tensors
+    from relax_gym.trainer.engines.weight_receiver import decode_named_tensors
 
     shared = torch.randn(4, 3)
     named = [("model.embed_tokens.weight", shared), ("lm_head.weight", shared), ("b", torch.arange(5))]

@@ -120,7 +120,7 @@ def serve(opts: EmbeddedOptions) -> int:
     from relax_gym.trainer.engines.engine import EngineCore
     from relax_gym.trainer.engines.model_runner import ModelRunner
     from relax_gym.trainer.engines.server import EngineService, ServerConfig, build_app
-    from relax_gym.trainer.engines.weights import WeightReceiver
+    from relax_gym.trainer.engines.weight_receiver import WeightReceiver
 
     logging.basicConfig(
         level=getattr(logging, opts.log_level.upper(), logging.WARNING),

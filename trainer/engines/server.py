@@ -64,10 +64,10 @@ from relax_gym.protocol import (
 )
 
 from relax_gym.trainer.engines.engine import EngineCore, make_sequence
-from relax_gym.trainer.engines.chat import chat_completions
+from relax_gym.trainer.engines.chat_completions import chat_completions
 from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
 from relax_gym.trainer.engines.model_runner import WeightUpdateError
-from relax_gym.trainer.engines.weights import (
+from relax_gym.trainer.engines.weight_receiver import (
     UpdateWeightsFromTensorRequest,
     WeightGroupError,
     WeightReceiver,

@@ -9,6 +9,6 @@
   version, record it, resume; failover when an engine dies mid-push; catch-up of engines that
   join or come back.
 
-The engine's receiving side stays with the engine (:mod:`relax_gym.trainer.engines.weights`).
+The engine's receiving side stays with the engine (:mod:`relax_gym.trainer.engines.weight_receiver`).
 See ``docs/training.md`` (weight sync) and ``docs/async.md`` (publishing while rollouts run).
 """

@@ -6,7 +6,7 @@ SGLang's protocol: every engine joins through ``/init_weights_update_group`` (``
 ``/update_weights_from_distributed`` (names, dtypes, shapes) and broadcast meanwhile, tensor by
 tensor in the listed order. With ``backend="nccl"`` the tensors go from the trainer's CUDA device
 to SGLang on GPUs; the embedded engine receives over gloo, so the same code runs (and is tested)
-on CPU. The group is built on its own ``TCPStore`` (:func:`~relax_gym.trainer.engines.weights.new_process_group`),
+on CPU. The group is built on its own ``TCPStore`` (:func:`~relax_gym.trainer.engines.weight_receiver.new_process_group`),
 so a trainer that runs its own ``torch.distributed`` world can still open it.
 
 A process group has a fixed membership: it is rebuilt, on a fresh port, whenever the set of
@@ -36,7 +36,7 @@ from relax_gym.protocol import (
 )
 from relax_gym.trainer.backends.base import NamedTensors
 from relax_gym.trainer.config import DistributedSyncConfig
-from relax_gym.trainer.engines.weights import (
+from relax_gym.trainer.engines.weight_receiver import (
     GroupHandle,
     WeightGroupError,
     broadcast,

@@ -38,7 +38,7 @@ from pathlib import Path
 from relax_gym.protocol import EngineError
 from relax_gym.trainer.backends.base import NamedTensors, TrainerBackend
 from relax_gym.trainer.config import EngineConfig
-from relax_gym.trainer.engines.weights import WeightGroupError
+from relax_gym.trainer.engines.weight_receiver import WeightGroupError
 from relax_gym.trainer.rollout import EngineHandle, EngineRouter, WeightSyncError
 from relax_gym.trainer.weights.transport import (
     Delivery,

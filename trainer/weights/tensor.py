@@ -1,7 +1,7 @@
 """The in-memory transport: ``POST /update_weights_from_tensor`` with safetensors buckets.
 
 For engines on the trainer's host (the embedded engine). Each bucket is encoded once (base64 text
-of a safetensors blob, :func:`~relax_gym.trainer.engines.weights.encode_named_tensors`) and
+of a safetensors blob, :func:`~relax_gym.trainer.engines.weight_receiver.encode_named_tensors`) and
 posted to every engine concurrently before the next bucket is pulled; nothing touches the disk.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from relax_gym.protocol import EngineClient, UpdateWeightsFromTensorRequest
-from relax_gym.trainer.engines.weights import encode_named_tensors
+from relax_gym.trainer.engines.weight_receiver import encode_named_tensors
 from relax_gym.trainer.weights.transport import (
     Delivery,
     WeightSource,
