@@ -74,8 +74,11 @@ async def test_staleness_bound_and_exactly_once_in_hybrid_mode(tiny_model: Path,
 async def test_fully_async_logprob_workers_annotate_off_the_critical_path(tiny_model: Path, engine: Any,
                                                                          tmp_path: Path) -> None:
     out = tmp_path / "workers"
+    # The reference worker first loads the reference model saved at RL start; on a loaded box
+    # that took longer than 4 steps of this tiny run (every batch then recomputed, frac 0), so
+    # the run is long enough for the worker to be up for several steps.
     cfg = config_from_dict(config_dict(
-        tiny_model, out, [engine.url], train={"steps": 4, "mini_batches": 2},
+        tiny_model, out, [engine.url], train={"steps": 10, "mini_batches": 2},
         algorithm={"kl_loss_coef": 0.01, "rollout_correction": "decoupled"},
         async_rl={"max_staleness": 2, "prox_max_lag": 2, "imports": ["tests.modes.workload"]}))
     await run_async(cfg)
