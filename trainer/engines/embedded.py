@@ -114,6 +114,10 @@ def serve(opts: EmbeddedOptions) -> int:
     if not (Path(opts.model) / "config.json").is_file():  # fail before paying for torch's import
         print(f"error: {opts.model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
         return 2
+    # libgomp reads this once, when torch loads. Its default keeps idle OpenMP workers spinning
+    # between parallel regions, so a forward pass paused on the GIL (HTTP, image preparation) or
+    # on a busy core burns a core the trainer and the engine's own threads need.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import uvicorn
 
