@@ -1,12 +1,15 @@
-"""Server launchers: the embedded engine's failure path, SGLang's command line, SGLang on a GPU."""
+"""Server launchers: the embedded engine's failure path and OpenMP policy, SGLang's command line,
+SGLang on a GPU."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
 import pytest
+from relax_gym.trainer.engines.embedded import sleeping_openmp_workers
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess, ServerStartError
 from relax_gym.trainer.engines.sglang_launcher import (
     SGLangOptions,
@@ -51,6 +54,16 @@ def test_sglang_command_line() -> None:
     ):
         assert flag in joined
     assert "--mem-fraction-static" not in build_command(SGLangOptions(model="/m"))
+
+
+def test_engine_lets_idle_openmp_workers_sleep_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "")  # so that the teardown undoes what the call sets
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    sleeping_openmp_workers()
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # a user's choice stays
+    sleeping_openmp_workers()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_embedded_engine_that_cannot_start_fails_fast_with_its_log(tmp_path: Path) -> None:

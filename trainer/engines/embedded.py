@@ -109,15 +109,23 @@ def _force_exit(after_s: float) -> None:
     os._exit(1)
 
 
+def sleeping_openmp_workers() -> None:
+    """Let idle OpenMP workers sleep (``OMP_WAIT_POLICY=PASSIVE``) unless the user chose a policy.
+
+    Must run before torch loads: libgomp reads the variable once. Its default keeps a worker
+    spinning for milliseconds after every parallel region, so while a forward pass waits for
+    the GIL (HTTP, image preparation) or for a core, its workers burn the cores the trainer and
+    the engine's own threads need: on 2 cores that doubled the quickstart's rollout time.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def serve(opts: EmbeddedOptions) -> int:
     """Run the server until interrupted. Returns the process exit code."""
     if not (Path(opts.model) / "config.json").is_file():  # fail before paying for torch's import
         print(f"error: {opts.model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
         return 2
-    # libgomp reads this once, when torch loads. Its default keeps idle OpenMP workers spinning
-    # between parallel regions, so a forward pass paused on the GIL (HTTP, image preparation) or
-    # on a busy core burns a core the trainer and the engine's own threads need.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    sleeping_openmp_workers()
     import torch
     import uvicorn
 
@@ -192,4 +200,4 @@ def serve(opts: EmbeddedOptions) -> int:
     return 0
 
 
-__all__ = ["EmbeddedOptions", "bind_socket", "serve"]
+__all__ = ["EmbeddedOptions", "bind_socket", "serve", "sleeping_openmp_workers"]
