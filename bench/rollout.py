@@ -14,9 +14,12 @@ busy seconds over wall time) and its mean decode batch size.
 
 **overhead** -- 256 concurrent episodes against a *minimal fast engine*: a separate process
 that speaks the same /generate protocol but answers at once with fixed random tokens (clearly
-not a model; it isolates the manager). The manager process's CPU time divided by the turns it
-ran is its own overhead per turn: chat-template deltas, tokenization, request building, httpx,
-reply checks, env stepping, bookkeeping.
+not a model; it isolates the manager). The manager process's CPU time (``time.process_time``)
+divided by the turns it ran is the CPU per turn: chat-template deltas, tokenization, request
+building, the HTTP client, reply checks, env stepping, bookkeeping. Each repeat runs every
+variant (``defaults``: ``EngineRouter([url])`` and ``RolloutConfig`` as they come) and then the
+router's HTTP client alone on requests of the run's mean length; the difference is the
+manager's own CPU per turn. ``--profile FILE`` adds one cProfile pass of the first variant.
 """
 
 from __future__ import annotations
@@ -118,8 +121,10 @@ def serve_fast_engine(port_file: str, tokens: int) -> None:
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": out})
 
+    # a long keep-alive: the variants take turns, and a pool left idle longer than uvicorn's 5 s
+    # default would meet connections the server has just closed (a failover, not the manager's cost)
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", access_log=False, lifespan="off",
-                            backlog=4096)
+                            backlog=4096, timeout_keep_alive=600)
     server = uvicorn.Server(config)
 
     async def main() -> None:
@@ -214,75 +219,116 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+OVERHEAD_VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # name: (EngineRouter kwargs beyond the URL, RolloutConfig kwargs beyond concurrency/max_new_tokens)
+    "defaults": ({}, {}),
+    "defaults, env inline, no drift check": ({}, {"env_in_thread": False, "check_drift": False}),
+    "httpx transport": ({"client_factory": client_factory("httpx")}, {}),
+}
+
+
+def _fixed_tool_env() -> LongTailToolEnv:
+    return LongTailToolEnv(fixed_turns=4)
+
+
+def _request_lengths(trajs: list[Any]) -> list[int]:
+    """The input length of every /generate request: where each run of sampled tokens starts."""
+    out = []
+    for t in trajs:
+        out.extend(i for i, m in enumerate(t.loss_mask) if m == 1 and (i == 0 or t.loss_mask[i - 1] == 0))
+    return out
+
+
+async def _overhead_run(router: Any, codec: Any, args: argparse.Namespace, cfg_kwargs: dict[str, Any],
+                        profiler: Any = None) -> dict[str, float]:
+    """One pass: ``--overhead-episodes`` four-turn episodes, ``--overhead-concurrency`` at once."""
+    from relax_gym.trainer.rollout import EpisodeSpec, RolloutConfig, RolloutManager
+
+    cfg = RolloutConfig(concurrency=args.overhead_concurrency, max_new_tokens=args.fast_tokens, **cfg_kwargs)
+    manager = RolloutManager(router, codec, cfg)
+    specs = [EpisodeSpec("bench/FixedTool", seed=i, env_factory=_fixed_tool_env) for i in range(args.overhead_episodes)]
+    if profiler is not None:
+        profiler.enable()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    trajs = await manager.generate(specs)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    if profiler is not None:
+        profiler.disable()
+    turns = manager.metrics.turns
+    assert all(t.stop_reason == "env_done" for t in trajs), {t.stop_reason for t in trajs}
+    return {"cpu_ms_per_turn": 1e3 * cpu / turns, "wall_ms_per_turn": 1e3 * wall / turns,
+            "mean_request_tokens": statistics.fmean(_request_lengths(trajs))}
+
+
 async def overhead_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Each repeat runs every variant once (interleaved, so a load change hits them alike), then
+    the transport alone; medians over the repeats."""
     from relax_gym.trainer.models import load_qwen3_tokenizer
     from relax_gym.chat import ChatCodec
-    from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
+    from relax_gym.trainer.rollout import EngineRouter
 
     codec = ChatCodec(load_qwen3_tokenizer())
     proc, url = start_fast_engine(args.fast_tokens)
-    out: dict[str, Any] = {"concurrency": args.overhead_concurrency, "episodes": args.overhead_episodes}
-    lean = {"env_in_thread": False, "check_drift": False}
-    variants = [
-        ("EngineClient (aiohttp)", {"client_factory": client_factory("aiohttp"), "connections_per_shard": 256}, {}),
-        ("EngineClient (aiohttp), env inline, no drift check",
-         {"client_factory": client_factory("aiohttp"), "connections_per_shard": 256}, lean),
-        ("EngineClient (httpx)", {"client_factory": client_factory("httpx")}, {}),
-        ("EngineClient (httpx), env inline, no drift check", {"client_factory": client_factory("httpx")}, lean),
-    ]
+    variants = {name: OVERHEAD_VARIANTS[name] for name in args.variants}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in [*variants, *(f"transport: {n}" for n in variants)]}
     try:
-        out["transport_only"] = await transport_bench(url, args)
-        for label, router_kwargs, cfg_kwargs in variants:
-            rows = []
-            async with EngineRouter([url], **router_kwargs) as router:
-                for _ in range(args.repeats):
-                    cfg = RolloutConfig(concurrency=args.overhead_concurrency, max_new_tokens=args.fast_tokens,
-                                        **cfg_kwargs)
-                    manager = RolloutManager(router, codec, cfg)
-                    specs = [EpisodeSpec("bench/FixedTool", seed=i, env_factory=lambda: LongTailToolEnv(fixed_turns=4))
-                             for i in range(args.overhead_episodes)]
-                    cpu0, wall0 = time.process_time(), time.perf_counter()
-                    trajs = await manager.generate(specs)
-                    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-                    turns = manager.metrics.turns
-                    assert all(t.stop_reason == "env_done" for t in trajs), {t.stop_reason for t in trajs}
-                    rows.append({"cpu_ms_per_turn": 1e3 * cpu / turns, "wall_ms_per_turn": 1e3 * wall / turns})
-                    print(f"  {label}: {rows[-1]['cpu_ms_per_turn']:.3f} ms CPU/turn, "
-                          f"{rows[-1]['wall_ms_per_turn']:.3f} ms wall/turn over {turns} turns", flush=True)
-            out[label] = {k: statistics.median(r[k] for r in rows) for k in ("cpu_ms_per_turn", "wall_ms_per_turn")}
+        routers = {name: await EngineRouter([url], **kw).start() for name, (kw, _) in variants.items()}
+        for name, (_, cfg_kwargs) in variants.items():  # warm-up: pools, template cache, tokenizer
+            await _overhead_run(routers[name], codec, argparse.Namespace(**{**vars(args), "overhead_episodes": 256}),
+                                cfg_kwargs)
+        for rep in range(args.repeats):
+            for name, (_, cfg_kwargs) in variants.items():
+                row = await _overhead_run(routers[name], codec, args, cfg_kwargs)
+                rows[name].append(row)
+                transport = await transport_cpu_ms(routers[name], args, round(row["mean_request_tokens"]))
+                rows[f"transport: {name}"].append({"cpu_ms_per_request": transport})
+                print(f"  rep {rep} {name}: {row['cpu_ms_per_turn']:.3f} ms CPU/turn (transport alone "
+                      f"{transport:.3f} ms/request), {row['wall_ms_per_turn']:.3f} ms wall/turn", flush=True)
+        if args.profile:
+            import cProfile
+            import pstats
+
+            # the event loop thread's CPU time, not wall time: on a loaded machine wall time
+            # charges preemption to whatever function was running
+            profiler = cProfile.Profile(time.thread_time)
+            name = args.variants[0]
+            await _overhead_run(routers[name], codec, args, variants[name][1], profiler)
+            profiler.dump_stats(args.profile)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(40)
+        for router in routers.values():
+            await router.close()
     finally:
         proc.terminate()
         proc.wait(10)
+    out: dict[str, Any] = {"concurrency": args.overhead_concurrency, "episodes": args.overhead_episodes,
+                           "repeats": args.repeats}
+    for name in variants:
+        med = {k: statistics.median(r[k] for r in rows[name]) for k in rows[name][0]}
+        med["transport_ms_per_request"] = statistics.median(r["cpu_ms_per_request"] for r in rows[f"transport: {name}"])
+        med["manager_own_ms_per_turn"] = med["cpu_ms_per_turn"] - med["transport_ms_per_request"]
+        out[name] = med
     return out
 
 
-async def transport_bench(url: str, args: argparse.Namespace) -> dict[str, float]:
-    """CPU per /generate call of the HTTP client alone (a 600-token prompt, 256 in flight), so
-    the manager's own share can be told apart from its transport's."""
-    from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
+async def transport_cpu_ms(router: Any, args: argparse.Namespace, prompt_tokens: int) -> float:
+    """CPU per /generate call of the router's HTTP clients alone (``prompt_tokens`` input ids,
+    ``--overhead-concurrency`` in flight): the transport share of a turn, so the manager's own
+    share can be told apart from it. Each bench turn sends exactly one request."""
+    from relax_gym.protocol import GenerateRequest, SamplingParams
 
-    request = GenerateRequest(input_ids=list(range(1000, 1600)), return_logprob=True,
+    request = GenerateRequest(input_ids=list(range(1000, 1000 + prompt_tokens)), return_logprob=True,
                               sampling_params=SamplingParams(max_new_tokens=args.fast_tokens))
-    out: dict[str, float] = {}
-    shard = 16
-    for label, make in (("EngineClient (httpx)", lambda: EngineClient(url, max_connections=shard, transport="httpx")),
-                        ("EngineClient (aiohttp)", lambda: EngineClient(url, max_connections=256, transport="aiohttp"))):
-        clients = [make() for _ in range(args.overhead_concurrency // shard)] if "httpx" in label else [make()]
-        gate = asyncio.Semaphore(args.overhead_concurrency)
+    handle = router.engines[0]
+    gate = asyncio.Semaphore(args.overhead_concurrency)
 
-        async def one(i: int, clients: list[Any] = clients, gate: asyncio.Semaphore = gate) -> None:
-            async with gate:
-                await clients[i % len(clients)].generate(request)
+    async def one() -> None:
+        async with gate:
+            await router.generate(handle, request)
 
-        await asyncio.gather(*(one(i) for i in range(512)))  # warm the pools
-        n = 4096
-        cpu0 = time.process_time()
-        await asyncio.gather(*(one(i) for i in range(n)))
-        out[label] = 1e3 * (time.process_time() - cpu0) / n
-        print(f"  transport only, {label}: {out[label]:.3f} ms CPU/request", flush=True)
-        for client in clients:
-            await client.aclose()
-    return out
+    n = 4096
+    cpu0 = time.process_time()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return 1e3 * (time.process_time() - cpu0) / n
 
 
 def main() -> int:
@@ -302,7 +348,12 @@ def main() -> int:
     parser.add_argument("--overhead-episodes", type=int, default=1024)
     parser.add_argument("--overhead-concurrency", type=int, default=256)
     parser.add_argument("--fast-tokens", type=int, default=16, help="tokens per reply of the fast engine")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--variants", nargs="+", choices=list(OVERHEAD_VARIANTS), default=list(OVERHEAD_VARIANTS),
+                        help="overhead variants to run (each repeat runs them in turn)")
+    parser.add_argument("--profile", default=None,
+                        help="overhead: after the repeats, profile one pass of the first variant with cProfile "
+                        "(timer: the event loop thread's CPU time) and write the stats here (the top functions by own time are printed)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--serve-fast-engine", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=16, help=argparse.SUPPRESS)
@@ -322,11 +373,11 @@ def main() -> int:
     if args.part in ("overhead", "all"):
         print(f"overhead: {args.overhead_concurrency} concurrent episodes against the minimal fast engine", flush=True)
         o = results["overhead"] = asyncio.run(overhead_bench(args))
-        for label in [k for k in o if isinstance(o[k], dict) and "cpu_ms_per_turn" in o[k]]:
-            transport = next(v for k, v in o["transport_only"].items() if label.startswith(k))
-            o[label]["manager_own_ms_per_turn"] = o[label]["cpu_ms_per_turn"] - transport
-            print(f"  {label}: {o[label]['cpu_ms_per_turn']:.2f} ms CPU/turn, of which the HTTP client "
-                  f"{transport:.2f} ms: manager's own {o[label]['manager_own_ms_per_turn']:.2f} ms/turn")
+        for name in args.variants:
+            r = o[name]
+            print(f"  {name}: {r['cpu_ms_per_turn']:.2f} ms CPU/turn, of which the HTTP client "
+                  f"{r['transport_ms_per_request']:.2f} ms: manager's own {r['manager_own_ms_per_turn']:.2f} ms/turn "
+                  f"(median of {args.repeats}; mean request {r['mean_request_tokens']:.0f} tokens)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2, default=str))
