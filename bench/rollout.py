@@ -184,7 +184,8 @@ async def schedule_bench(args: argparse.Namespace) -> dict[str, Any]:
         async with EngineRouter([engine.url]) as router:
             async def one(mode: str, subset: list[Any]) -> dict[str, Any]:
                 cfg = RolloutConfig(concurrency=args.concurrency, scheduling=mode, max_new_tokens=args.max_new_tokens,
-                                    max_total_tokens=8000, stop_token_ids=stops, sampling_seed=1, check_drift=False)
+                                    group_size=1, max_total_tokens=8000, stop_token_ids=stops, sampling_seed=1,
+                                    check_drift=False)
                 manager = RolloutManager(router, codec, cfg)
                 await router.engines[0].client.flush_cache()  # no run reuses another's prefix cache
                 before = await _server_info(engine.url)
@@ -244,7 +245,8 @@ async def _overhead_run(router: Any, codec: Any, args: argparse.Namespace, cfg_k
     """One pass: ``--overhead-episodes`` four-turn episodes, ``--overhead-concurrency`` at once."""
     from relax_gym.trainer.rollout import EpisodeSpec, RolloutConfig, RolloutManager
 
-    cfg = RolloutConfig(concurrency=args.overhead_concurrency, max_new_tokens=args.fast_tokens, **cfg_kwargs)
+    cfg = RolloutConfig(concurrency=args.overhead_concurrency, max_new_tokens=args.fast_tokens, group_size=1,
+                        **cfg_kwargs)
     manager = RolloutManager(router, codec, cfg)
     specs = [EpisodeSpec("bench/FixedTool", seed=i, env_factory=_fixed_tool_env) for i in range(args.overhead_episodes)]
     if profiler is not None:

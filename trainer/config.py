@@ -12,7 +12,8 @@ Sections (each documented field by field below):
 * ``engine`` -- the inference engines (embedded CPU engines started by the trainer, or URLs) and
   how weights reach them (``engine.sync``, every mode);
 * ``data`` -- where prompts come from (env ids with weights, or a suite) and the training seeds;
-* ``rollout`` -- the rollout manager's settings (group size, sampling, turn and token limits);
+* ``rollout`` -- the rollout settings (:class:`~relax_gym.trainer.rollout.config.RolloutConfig`, the
+  model the rollout manager runs with): group size, concurrency, sampling, turn and token limits;
 * ``rewards`` -- reward composition on top of the env's reward (``relax_gym.rewards``);
 * ``algorithm`` -- losses and advantages (:class:`~relax_gym.trainer.algorithms.AlgorithmConfig`);
 * ``train`` -- the optimiser and the step structure (mini-batches, micro-batches, dynamic sampling);
@@ -51,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from relax_gym.errors import RegistrationError, RelaxGymError
 from relax_gym.trainer.algorithms.config import AlgorithmConfig  # torch-free; algorithms.py imports torch
+from relax_gym.trainer.rollout.config import RolloutConfig  # torch-free, like the algorithm section
 
 # settings.py is plain pydantic (no training-config, torch or ray import), so embedding it here
 # keeps `import relax_gym.trainer.config` as light as before
@@ -186,31 +188,6 @@ class DataConfig(_Section):
                 f"seed_start + seed_count = {self.seed_start + self.seed_count}"
             )
         return self
-
-
-class RolloutSection(_Section):
-    """Settings forwarded to the rollout manager (``relax_gym.trainer.rollout.RolloutConfig``)."""
-
-    group_size: int = Field(8, ge=1, description="samples per prompt (env seed): the GRPO group")
-    prompts_per_step: int = Field(8, ge=1, description="groups per training step")
-    concurrency: int = Field(64, ge=1, description="episodes running at once")
-    max_new_tokens: int = Field(64, ge=1, description="bound on one assistant turn")
-    max_total_tokens: int = Field(2048, ge=2, description="bound on a sample (prompt included)")
-    max_turns: int | None = Field(None, ge=1, description="turn limit; None = the env's own")
-    temperature: float = Field(1.0, gt=0, description="sampling temperature (the trainer's logprobs use it too)")
-    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling (1 = off; <1 biases the logprobs)")
-    system_prompt: str | None = Field(None, description="prepended when the env sends no system message")
-    think_policy: Literal["keep", "split"] = Field("keep", description="see the rollout manager")
-    request_timeout_s: float = Field(300.0, gt=0, description="one /generate request")
-    max_env_error_rate: float = Field(
-        0.5, ge=0, le=1,
-        description="stop the run (exit 3) when more than this share of a step's episodes fail in the env "
-        "(reset/step raised, timed out or returned garbage) instead of training on nothing; 1 = never stop",
-    )
-
-    @property
-    def batch_size(self) -> int:
-        return self.group_size * self.prompts_per_step
 
 
 class RewardsConfig(_Section):
@@ -368,7 +345,7 @@ class TrainConfig(_Section):
     model: ModelConfig
     engine: EngineConfig = Field(default_factory=EngineConfig)
     data: DataConfig
-    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     rewards: RewardsConfig = Field(default_factory=RewardsConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: OptimConfig = Field(default_factory=OptimConfig)
@@ -398,6 +375,13 @@ class TrainConfig(_Section):
             )
         if batch < 1:
             raise ValueError("rollout batch is empty")
+        if self.rollout.temperature <= 0:
+            raise ValueError(
+                f"rollout.temperature must be > 0 for training (got {self.rollout.temperature}): the trainer's "
+                "logprobs divide by it; greedy decoding is for evaluation (eval.temperature: 0)"
+            )
+        if self.rollout.sampling_seed is None:  # reproducible sampling: the run's seed unless set
+            self.rollout.sampling_seed = self.seed
         if self.algorithm.distill_coef > 0 and not self.teacher.url:
             raise ValueError("algorithm.distill_coef > 0 needs teacher.url (the teacher engine that scores samples)")
         if self.eval.envs is not None and self.eval.suite is not None:
@@ -435,6 +419,17 @@ class TrainConfig(_Section):
     @property
     def out_dir(self) -> Path:
         return Path(self.output_dir.replace("{run_name}", self.run_name))
+
+    def eval_rollout(self) -> RolloutConfig:
+        """The rollout settings of held-out evaluation: ``rollout`` with one sample per episode,
+        ``eval.temperature`` and ``eval.max_new_tokens``, and no nucleus cut."""
+        return self.rollout.model_copy(update={
+            "group_size": 1,
+            "max_new_tokens": self.eval.max_new_tokens or self.rollout.max_new_tokens,
+            "temperature": self.eval.temperature,
+            "top_p": 1.0,
+            "top_k": -1,
+        })
 
     def eval_envs(self) -> list[EnvEntry]:
         """The envs evaluated (eval.envs, else the training envs); suites resolve in the loop."""
@@ -917,7 +912,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RewardsConfig",
-    "RolloutSection",
+    "RolloutConfig",
     "TeacherConfig",
     "TinyModelSpec",
     "TrainConfig",

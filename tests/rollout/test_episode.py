@@ -35,9 +35,11 @@ def tool_specs(n: int, **env_kwargs: Any) -> list[EpisodeSpec]:
     return [EpisodeSpec("test/FixedTool", seed=s, env_factory=lambda: FixedToolEnv(**env_kwargs)) for s in range(n)]
 
 
-async def run(engine: Any, codec: ChatCodec, specs: list[EpisodeSpec], **config: Any) -> tuple[list[Trajectory], RolloutManager]:
+async def run(engine: Any, codec: ChatCodec, specs: list[EpisodeSpec], *, run_id: str | None = None,
+              **config: Any) -> tuple[list[Trajectory], RolloutManager]:
     async with EngineRouter([engine.url], health_interval_s=0.5) as router:
-        manager = RolloutManager(router, codec, RolloutConfig(**{"max_new_tokens": 12, **config}))
+        manager = RolloutManager(router, codec, RolloutConfig(**{"max_new_tokens": 12, "group_size": 1, **config}),
+                                 run_id=run_id)
         return await manager.generate(specs), manager
 
 
@@ -68,10 +70,11 @@ def assert_tool_structure(traj: Trajectory, codec: ChatCodec) -> None:
 
 
 async def test_tool_episodes_exact_tokens_and_logprobs(qwen3_engine: Any, codec: ChatCodec, model: Any) -> None:
-    trajs, manager = await run(qwen3_engine, codec, tool_specs(2, turns=3), group_size=2, concurrency=4)
+    trajs, manager = await run(qwen3_engine, codec, tool_specs(2, turns=3), run_id="7-step3", group_size=2,
+                               concurrency=4)
     assert [(t.group_id, t.sample_index) for t in trajs] == [
         ("test/FixedTool#0", 0), ("test/FixedTool#0", 1), ("test/FixedTool#1", 0), ("test/FixedTool#1", 1)]
-    assert len({t.episode_id for t in trajs}) == 4
+    assert sorted(t.episode_id for t in trajs) == ["7-step3-0", "7-step3-1", "7-step3-2", "7-step3-3"]
     worst = 0.0
     for traj in trajs:
         assert traj.stop_reason == "env_done" and traj.error is None
@@ -140,7 +143,7 @@ async def test_think_policies(qwen3_engine: Any, tiny_qwen3: Path) -> None:
 async def test_partial_rollouts_resume_across_a_weight_update(qwen3_engine: Any, codec: ChatCodec,
                                                               tiny_qwen3: Path) -> None:
     async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router, httpx.AsyncClient() as http:
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=120, concurrency=4))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=120, concurrency=4, group_size=1))
         old = parse_weight_version((await router.engines[0].client.model_info()).weight_version)
 
         async def generated() -> int:
@@ -172,7 +175,7 @@ async def test_turn_sync_baseline_and_stream(qwen3_engine: Any, codec: ChatCodec
     trajs, _ = await run(qwen3_engine, codec, tool_specs(3, turns=2), scheduling="turn_sync", concurrency=2)
     assert [t.seed for t in trajs] == [0, 1, 2] and all(t.stop_reason == "env_done" for t in trajs)
     async with EngineRouter([qwen3_engine.url]) as router:
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=3))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=3, group_size=1))
         seen = [t async for t in manager.stream(tool_specs(3, turns=1))]
     assert sorted(t.seed for t in seen) == [0, 1, 2]  # type: ignore[type-var]
 

@@ -59,7 +59,7 @@ async def test_scale_out_then_in_while_running(qwen3_engine: Any, second_engine:
                                                tiny_qwen3: Path) -> None:
     async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
         await router.update_weights_from_disk(str(tiny_qwen3), 7)  # the checkpoint new engines must load
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=12, concurrency=6))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=12, concurrency=6, group_size=1))
         async with ControlServer(router, manager=manager) as control, httpx.AsyncClient(
                 base_url=control.url, headers={"Authorization": f"Bearer {control.token}"}, timeout=60) as http:
             task = asyncio.create_task(manager.generate(tool_specs(12, turns=4)))
@@ -93,7 +93,7 @@ async def test_kill_one_of_two_engines_mid_rollout(qwen3_engine: Any, second_eng
     async with EngineRouter([qwen3_engine.url, second_engine.url], health_interval_s=0.5) as router:
         first, second = router.engines
         assert second.url == second_engine.url and second.state == "ready"
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16, concurrency=8))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16, concurrency=8, group_size=1))
         task = asyncio.create_task(manager.generate(tool_specs(8, turns=4)))
         await wait_until(lambda: second.served >= 4)
         second_engine.kill()

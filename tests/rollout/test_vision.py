@@ -30,7 +30,7 @@ async def test_image_episode(vl_engine: Any, tiny_qwen3_vl: Path, tmp_path: Path
     assert codec.vision is not None
     specs = [EpisodeSpec("test/ImageTurns", seed=s, env_factory=lambda: ImageTurnsEnv(turns=3)) for s in (0, 1)]
     async with EngineRouter([vl_engine.url]) as router:
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=2))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=2, group_size=1))
         trajs = await manager.generate(specs)
     model = load_model(tiny_qwen3_vl)
     worst = 0.0
@@ -73,7 +73,7 @@ async def test_sampled_vision_markers_are_cut(vl_engine: Any, tiny_qwen3_vl: Pat
     codec.vision = dataclasses.replace(codec.vision, reserved_ids=codec.vision.reserved_ids | frozenset(range(400)))
     specs = [EpisodeSpec("test/ImageTurns", seed=0, env_factory=lambda: ImageTurnsEnv(turns=2))]
     async with EngineRouter([vl_engine.url]) as router:
-        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16))
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=16, group_size=1))
         (traj,) = await manager.generate(specs)
     traj.validate()
     assert traj.stop_reason == "env_done" and manager.metrics.reserved_tokens_cut >= 1

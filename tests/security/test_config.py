@@ -273,11 +273,11 @@ def test_non_finite_numbers_are_refused_in_free_form_sections_and_lists(raw: str
 
 def test_config_models_refuse_non_finite_values_when_built_directly() -> None:
     from relax_gym.trainer.algorithms import AlgorithmConfig
-    from relax_gym.trainer.config import OptimConfig, RolloutSection
+    from relax_gym.trainer.config import OptimConfig, RolloutConfig
     from relax_gym.trainer.modes.async_config import AsyncConfig, RoleResources
 
     for build in (lambda: OptimConfig(lr=float("inf")), lambda: OptimConfig(betas=(float("nan"), 0.9)),
-                  lambda: RolloutSection(temperature=float("nan")), lambda: AlgorithmConfig(kl_loss_coef=float("inf")),
+                  lambda: RolloutConfig(temperature=float("nan")), lambda: AlgorithmConfig(kl_loss_coef=float("inf")),
                   lambda: AlgorithmConfig(entropy_coef=float("nan")), lambda: AsyncConfig(step_timeout_s=float("inf")),
                   lambda: RoleResources(resources={"x": float("inf")})):
         with pytest.raises(ValidationError, match="finite"):

@@ -20,6 +20,7 @@ from relax_gym.trainer.config import (
     load_config,
     parse_override,
 )
+from relax_gym.trainer.rollout.config import RolloutConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = {"model": {"build": {"kind": "qwen3"}}, "data": {"envs": [{"id": "test/Letters-v0"}]}}
@@ -41,6 +42,26 @@ def test_defaults_and_overrides() -> None:
     assert cfg.out_dir == Path("runs/abc")
     # paper defaults come from the algorithm module
     assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (0.2, 0.28)
+
+
+def test_one_rollout_model_for_training_and_the_manager() -> None:
+    """The ``rollout:`` section is the rollout manager's own settings model: the modes hand it over
+    as it is, and evaluation changes only what evaluation means."""
+    defaults = RolloutConfig()  # the values docs/training.md gives and explains
+    assert (defaults.group_size, defaults.prompts_per_step, defaults.concurrency) == (8, 8, 64)
+    assert (defaults.max_new_tokens, defaults.max_total_tokens, defaults.temperature) == (512, 4096, 1.0)
+    cfg = config_from_dict(BASE, ["seed=7", "rollout.top_k=20", "rollout.env_in_thread=false",
+                                  "eval.temperature=0", "eval.max_new_tokens=5"])
+    assert type(cfg.rollout) is RolloutConfig
+    assert (cfg.rollout.top_k, cfg.rollout.env_in_thread) == (20, False)  # manager knobs come from YAML too
+    assert cfg.rollout.sampling_seed == 7  # reproducible sampling: the run's seed unless set
+    assert config_from_dict(BASE, ["seed=7", "rollout.sampling_seed=3"]).rollout.sampling_seed == 3
+    ev = cfg.eval_rollout()
+    assert (ev.group_size, ev.temperature, ev.max_new_tokens, ev.top_p, ev.top_k) == (1, 0.0, 5, 1.0, -1)
+    assert (ev.concurrency, ev.sampling_seed, ev.env_in_thread) == (64, 7, False)
+    assert cfg.rollout.temperature == 1.0 and cfg.rollout.group_size == 8  # the copy left the section alone
+    assert config_from_dict(BASE).eval_rollout().max_new_tokens == 512  # eval.max_new_tokens unset: rollout's
+    assert "rollout.temperature must be > 0" in errors_of(["rollout.temperature=0"])
 
 
 def test_parse_override_values() -> None:

@@ -52,7 +52,7 @@ from relax_gym.trainer.checkpoint import (
 from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
-from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutManager, Trajectory
 
 from relax_gym.trainer.algorithms.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.algorithms.update import recomputed_by, update_policy
@@ -261,29 +261,11 @@ class Trainer:
         if phase == "warmup":
             self.logger.show(self.state.step, {"sft_step": step, "sft_loss": metrics.get("loss", float("nan"))})
 
-    def _rollout_config(self, *, evaluation: bool = False) -> RolloutConfig:
-        r = self.config.rollout
-        e = self.config.eval
-        return RolloutConfig(
-            concurrency=r.concurrency,
-            group_size=1 if evaluation else r.group_size,
-            max_turns=r.max_turns,
-            max_total_tokens=r.max_total_tokens,
-            max_new_tokens=(e.max_new_tokens or r.max_new_tokens) if evaluation else r.max_new_tokens,
-            temperature=e.temperature if evaluation else r.temperature,
-            top_p=1.0 if evaluation else r.top_p,
-            sampling_seed=self.config.seed,
-            system_prompt=r.system_prompt,
-            think_policy=r.think_policy,
-            request_timeout_s=r.request_timeout_s,
-        )
-
     async def _generate(self, specs: list[EpisodeSpec], tag: str, *, evaluation: bool = False) -> list[Trajectory]:
-        manager = RolloutManager(self.router, self.codec, self._rollout_config(evaluation=evaluation))
-        # Episode ids (and so the per-request sampling seeds derived from them) depend only on
-        # the run seed and this tag, not on a random run id: a resumed run samples what the
-        # uninterrupted run would have.
-        manager._run_id = f"{self.config.seed}-{tag}"  # noqa: SLF001
+        settings = self.config.eval_rollout() if evaluation else self.config.rollout
+        # Episode ids depend only on the run seed and this tag, not on a random run id: a resumed
+        # run names (and routes) its episodes as the uninterrupted run would.
+        manager = RolloutManager(self.router, self.codec, settings, run_id=f"{self.config.seed}-{tag}")
         return await manager.generate(specs)
 
     async def ensure_synced(self) -> dict[str, float]:

@@ -15,8 +15,9 @@ twice:
 * **Admission (the guarantee).** Groups finish out of order and episodes straddle weight
   updates, so the queue still checks every sample's token versions when the trainer takes it.
 
-Each group runs in its own :class:`RolloutManager` (episode ids, hence sampling seeds, derive from
-the run seed and the group id: reproducible whatever the interleaving). Finished groups are scored
+Each group runs in its own :class:`RolloutManager` with the ``rollout`` settings as they are (episode
+ids derive from the run seed and the group id, sampling seeds from ``rollout.sampling_seed`` and the
+group: reproducible whatever the interleaving). Finished groups are scored
 by the reward workers (with retries), filtered like colocate's batches (failed episodes, failed
 rewards, zero-variance groups under dynamic sampling; every drop counted) and put whole into the
 queue. A group whose every episode failed on the engines (all engines down) is retried later
@@ -45,7 +46,7 @@ from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.env_errors import EnvErrorRateExceeded, EnvErrorWindow
 from relax_gym.trainer.algorithms.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite
-from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager, Trajectory
+from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutManager, Trajectory
 
 from relax_gym.trainer.modes.trajectory_queue import QueuedGroup, QueuedSample
 from relax_gym.trainer.modes.reward_workers import score_with_retries
@@ -53,17 +54,6 @@ from relax_gym.trainer.modes.roles import Role
 
 log = logging.getLogger("relax_gym.trainer.modes")
 RETRY_BACKOFF_S = 1.0
-
-
-def rollout_config(config: TrainConfig) -> RolloutConfig:
-    """The rollout manager's settings for training episodes."""
-    r = config.rollout
-    return RolloutConfig(
-        concurrency=max(1, r.group_size), group_size=r.group_size, max_turns=r.max_turns,
-        max_total_tokens=r.max_total_tokens, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-        top_p=r.top_p, sampling_seed=config.seed, system_prompt=r.system_prompt, think_policy=r.think_policy,
-        request_timeout_s=r.request_timeout_s,
-    )
 
 
 def spec_to_dict(spec: EpisodeSpec) -> dict[str, Any]:
@@ -133,7 +123,6 @@ class RolloutProducer:
         self.batch_groups = config.rollout.prompts_per_step
         self.max_staleness = config.async_rl.max_staleness
         self.max_in_flight = max(1, config.rollout.concurrency // config.rollout.group_size)
-        self.rollout_cfg = rollout_config(config)
         self.steps = 0  # training steps whose weights the engines serve
         self.version = 0
         self.effective = 0  # groups started that will be (or were) trained
@@ -264,10 +253,10 @@ class RolloutProducer:
         start = time.time()
         version = self.version
         try:
-            manager = RolloutManager(self.router, self.codec, self.rollout_cfg)
-            # episode ids (and the sampling seeds derived from them) depend only on the run seed
-            # and the group id, whatever order groups interleave in
-            manager._run_id = f"{self.config.seed}-{spec.group}"
+            # episode ids depend only on the run seed and the group id, whatever order groups
+            # interleave in (the sampling seeds derive from rollout.sampling_seed and the group)
+            manager = RolloutManager(self.router, self.codec, self.config.rollout,
+                                     run_id=f"{self.config.seed}-{spec.group}")
             self._managers.add(manager)
             try:
                 trajs = await manager.generate([spec])
@@ -441,4 +430,4 @@ class RolloutProducer:
                 await self.router.close()
 
 
-__all__ = ["RolloutProducer", "rollout_config", "spec_from_dict", "spec_to_dict", "write_control_file"]
+__all__ = ["RolloutProducer", "spec_from_dict", "spec_to_dict", "write_control_file"]

@@ -10,52 +10,55 @@ Episodes are encoded by the core's chat encoder (:mod:`relax_gym.chat`: ``ChatCo
 ``ChatContext``), the one ``relax-gym eval`` uses too. See ``docs/rollout.md``.
 """
 
-from relax_gym.trainer.rollout.config import RolloutConfig
-from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
-from relax_gym.trainer.rollout.manager import RolloutManager
-from relax_gym.trainer.rollout.metrics import RolloutMetrics
-from relax_gym.trainer.rollout.router import EngineHandle, EngineRouter, NoEngineAvailable, WeightSyncError, parse_weight_version
-from relax_gym.trainer.rollout.trajectory import (
-    FAILED_STOP_REASONS,
-    STOP_REASONS,
-    StopReason,
-    Trajectory,
-    TrajectoryError,
-    TurnRecord,
-    iter_jsonl,
-    load_jsonl,
-    save_jsonl,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use: validating a training config imports ``.config`` (the ``rollout:``
+# section) without the router's HTTP client, and the control server pulls in FastAPI/uvicorn
+# only when asked for.
+_HOMES = {
+    "config": ["RolloutConfig"],
+    "control": ["ControlServer"],
+    "episode": ["EpisodeRunner", "EpisodeSpec"],
+    "manager": ["RolloutManager"],
+    "metrics": ["RolloutMetrics"],
+    "router": ["EngineHandle", "EngineRouter", "NoEngineAvailable", "WeightSyncError", "parse_weight_version"],
+    "trajectory": ["FAILED_STOP_REASONS", "STOP_REASONS", "StopReason", "Trajectory", "TrajectoryError",
+                   "TurnRecord", "iter_jsonl", "load_jsonl", "save_jsonl"],
+}
+_EXPORTS = {name: module for module, names in _HOMES.items() for name in names}
+
+if TYPE_CHECKING:
+    from relax_gym.trainer.rollout.config import RolloutConfig
+    from relax_gym.trainer.rollout.control import ControlServer
+    from relax_gym.trainer.rollout.episode import EpisodeRunner, EpisodeSpec
+    from relax_gym.trainer.rollout.manager import RolloutManager
+    from relax_gym.trainer.rollout.metrics import RolloutMetrics
+    from relax_gym.trainer.rollout.router import (
+        EngineHandle,
+        EngineRouter,
+        NoEngineAvailable,
+        WeightSyncError,
+        parse_weight_version,
+    )
+    from relax_gym.trainer.rollout.trajectory import (
+        FAILED_STOP_REASONS,
+        STOP_REASONS,
+        StopReason,
+        Trajectory,
+        TrajectoryError,
+        TurnRecord,
+        iter_jsonl,
+        load_jsonl,
+        save_jsonl,
+    )
 
 
-def __getattr__(name: str) -> object:
-    # The control server pulls in FastAPI/uvicorn; load it only when asked for.
-    if name == "ControlServer":
-        from relax_gym.trainer.rollout.control import ControlServer
-
-        return ControlServer
-    raise AttributeError(name)
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{module}"), name)
 
 
-__all__ = [
-    "FAILED_STOP_REASONS",
-    "STOP_REASONS",
-    "ControlServer",
-    "EngineHandle",
-    "EngineRouter",
-    "EpisodeRunner",
-    "EpisodeSpec",
-    "NoEngineAvailable",
-    "RolloutConfig",
-    "RolloutManager",
-    "RolloutMetrics",
-    "StopReason",
-    "Trajectory",
-    "TrajectoryError",
-    "TurnRecord",
-    "WeightSyncError",
-    "iter_jsonl",
-    "load_jsonl",
-    "parse_weight_version",
-    "save_jsonl",
-]
+__all__ = sorted(_EXPORTS)

@@ -7,7 +7,7 @@ talking to an :class:`EngineRouter` (routing, failover, pause, see ``router.py``
 
     router = await EngineRouter(["http://127.0.0.1:30000"]).start()
     codec = ChatCodec.from_pretrained(model_dir)
-    manager = RolloutManager(router, codec, RolloutConfig(concurrency=32, group_size=4))
+    manager = RolloutManager(router, codec, RolloutConfig(concurrency=32, group_size=4), run_id="step0")
     trajectories = await manager.generate([EpisodeSpec("relax/SenseCount-v0", seed=s) for s in range(8)])
 
 ``scheduling="turn_sync"`` runs cohorts of ``concurrency`` episodes one turn at a time (every
@@ -61,13 +61,17 @@ class _TurnBarrier:
 class RolloutManager:
     """Runs episodes concurrently against a router and returns their trajectories."""
 
-    def __init__(self, router: EngineRouter, codec: ChatCodec, config: RolloutConfig | None = None) -> None:
+    def __init__(self, router: EngineRouter, codec: ChatCodec, config: RolloutConfig | None = None, *,
+                 run_id: str | None = None) -> None:
+        """``run_id`` prefixes the episode ids (``<run_id>-<n>``, also the requests' ``rid``); give
+        one derived from the run's seed and what is being generated (as the training modes do) so
+        a resumed run names its episodes as the uninterrupted run would. Default: random."""
         self.router = router
         self.codec = codec
         self.config = config or RolloutConfig()
+        self.run_id = run_id if run_id is not None else uuid.uuid4().hex[:8]
         self.metrics = RolloutMetrics()
         self._stopping = asyncio.Event()
-        self._run_id = uuid.uuid4().hex[:8]
         self._episode_counter = itertools.count()
 
     # -- public API -----------------------------------------------------------------------------------
@@ -106,7 +110,7 @@ class RolloutManager:
                 yield next(order), spec, index
 
     def _runner(self, spec: EpisodeSpec, index: int, gate: Any = None) -> EpisodeRunner:
-        episode_id = f"{self._run_id}-{next(self._episode_counter)}"
+        episode_id = f"{self.run_id}-{next(self._episode_counter)}"
         return EpisodeRunner(spec=spec, sample_index=index, episode_id=episode_id, router=self.router,
                              codec=self.codec, config=self.config, metrics=self.metrics, turn_gate=gate,
                              stopping=self._stopping)
@@ -126,7 +130,8 @@ class RolloutManager:
                                stop_reason="env_error", error=f"internal error: {type(exc).__name__}: {exc}")]
 
     async def _run(self, specs: Iterable[EpisodeSpec]) -> AsyncIterator[tuple[int, list[Trajectory]]]:
-        work = self._expand(specs)
+        items = list(self._expand(specs))
+        work = iter(items)
         if self.config.scheduling == "turn_sync":
             async for item in self._run_turn_sync(work):
                 yield item
@@ -139,7 +144,8 @@ class RolloutManager:
                     break
                 await results.put((order, await self._safe_run(self._runner(spec, index))))
 
-        workers = [asyncio.create_task(worker(), name=f"rollout-worker-{i}") for i in range(self.config.concurrency)]
+        workers = [asyncio.create_task(worker(), name=f"rollout-worker-{i}")
+                   for i in range(min(self.config.concurrency, len(items)))]
         done = asyncio.gather(*workers)
         done.add_done_callback(lambda _f: results.put_nowait(None))
         try:
