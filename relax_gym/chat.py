@@ -38,8 +38,10 @@ by the template, where the template would drop reasoning.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -128,6 +130,7 @@ class ChatCodec:
         self.vision = vision
         self._compiled = _compile(self.chat_template)
         self._backend = _fast_backend(tokenizer)
+        self._pieces = _PieceEncoder.for_tokenizer(tokenizer, self._backend)
         self._special_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
         self._base_cache: dict[tuple[int, str], str] = {}
@@ -174,6 +177,8 @@ class ChatCodec:
         return json.dumps(list(tools), sort_keys=True) if tools else ""
 
     def encode(self, text: str) -> list[int]:
+        if self._pieces is not None:
+            return self._pieces.encode(text)
         if self._backend is not None:
             return list(self._backend.encode(text, add_special_tokens=False).ids)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -478,14 +483,80 @@ _BASES: tuple[list[dict[str, Any]], ...] = (
 
 
 def _compile(template: str) -> Any | None:
-    """transformers' cached compiled template (same filters and globals as apply_chat_template),
-    about 5x faster than apply_chat_template per call; None falls back to the public API."""
+    """transformers' compiled template (same sandbox, filters and globals as apply_chat_template),
+    about 5x faster than apply_chat_template per call, recompiled in a private overlay of its
+    sandbox whose attribute checks are memoized (:func:`_memoized_attribute_check`: 40% less CPU
+    per render); None falls back to the public API."""
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        return _compile_jinja_template(template)
+        sandbox = _compile_jinja_template(template).environment.overlay()
+        sandbox.is_safe_attribute = _memoized_attribute_check(sandbox.is_safe_attribute)
+        return sandbox.from_string(template)
     except Exception:  # noqa: BLE001 # pragma: no cover - depends on the transformers version
         return None
+
+
+def _memoized_attribute_check(check: Callable[[Any, str, Any], bool]) -> Callable[[Any, str, Any], bool]:
+    """jinja's immutable sandbox asks ``is_safe_attribute`` on every attribute a template reads
+    (``message.content``, ``content.split`` ...), and the answer costs a dozen ``isinstance``
+    checks against ABCs; most of a render's CPU went there. The answer depends only on the
+    object's type and the attribute's name (a leading underscore, a function's or frame's
+    internals, a mutating method of a mutable container), so it is computed once per pair."""
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = bool(check(obj, attr, value))
+        return verdict
+
+    return is_safe_attribute
+
+
+class _PieceEncoder:
+    """``encode`` for a fast tokenizer, cached piece by piece.
+
+    A tokenizer cuts its input at added tokens (``<|im_start|>``, ``<tool_call>`` ...) before
+    anything else and encodes the pieces between them independently, so encoding each piece and
+    joining the ids gives the same ids. Most pieces of rendered chat context recur (the system
+    prompt with the tool list, role headers, the empty think block), so their ids come from a
+    bounded cache and only new text (an env's observation, a user query) is tokenized. Used only
+    where that holds: every added token matched verbatim (not normalized, no strip, not
+    single-word), checked on a probe like :func:`_fast_backend`.
+    """
+
+    def __init__(self, backend: Any, added: dict[str, int], cache_size: int = 4096) -> None:
+        self._added = added
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in sorted(added, key=len, reverse=True)) + ")")
+        self._piece = functools.lru_cache(maxsize=cache_size)(
+            lambda piece: tuple(backend.encode(piece, add_special_tokens=False).ids))
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, backend: Any | None) -> _PieceEncoder | None:
+        tokens = list(getattr(tokenizer, "added_tokens_decoder", {}).items())
+        if backend is None or not tokens:
+            return None
+        if any(t.normalized or t.lstrip or t.rstrip or t.single_word for _, t in tokens):
+            return None
+        pieces = cls(backend, {t.content: int(i) for i, t in tokens})
+        probe = ("<|im_start|>system\nhé 12 <think>x</think>\n\n{\"a\": [1, 2]}<|im_end|>\n"
+                 + "".join(f" {t.content}x{t.content}" for _, t in tokens))
+        same = pieces.encode(probe) == list(backend.encode(probe, add_special_tokens=False).ids)
+        return pieces if same else None
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in self._split.split(text):
+            if not piece:
+                continue
+            token = self._added.get(piece)
+            if token is not None:
+                ids.append(token)
+            else:
+                ids.extend(self._piece(piece))
+        return ids
 
 
 def _fast_backend(tokenizer: Any) -> Any | None:
