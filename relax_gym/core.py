@@ -29,7 +29,6 @@ consumer can rely on ``info["success"]`` (bool), ``info["reward_components"]`` (
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -40,6 +39,7 @@ import numpy as np
 from relax_gym.errors import EnvStepError, EpisodeEndedError, RelaxGymError, ResetNeededError
 from relax_gym.formatting import Style, format_messages
 from relax_gym.spaces import ObservationSpace, TextActionSpace
+from relax_gym.threads import run_in_thread
 from relax_gym.types import Action, Observation
 
 StepResult = tuple[Observation, float, bool, bool, dict[str, Any]]
@@ -112,12 +112,12 @@ class Env(gymnasium.Env[Observation, Action | str]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Observation, dict[str, Any]]:
-        """Async ``reset``; by default runs ``reset`` in a worker thread."""
-        return await asyncio.to_thread(self.reset, seed=seed, options=options)
+        """Async ``reset``; by default runs ``reset`` in a worker thread (:func:`relax_gym.threads.run_in_thread`)."""
+        return await run_in_thread(self.reset, seed=seed, options=options)
 
     async def astep(self, action: Action | str) -> StepResult:
-        """Async ``step``; by default runs ``step`` in a worker thread."""
-        return await asyncio.to_thread(self.step, action)
+        """Async ``step``; by default runs ``step`` in a worker thread (:func:`relax_gym.threads.run_in_thread`)."""
+        return await run_in_thread(self.step, action)
 
 
 class Wrapper(gymnasium.Wrapper[Observation, Action | str, Observation, Action | str], Env):

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from relax_gym.chat import ChatCodec, ChatContext, DriftReport, Rendered, Reply, TemplateError
 from relax_gym.core import Env
+from relax_gym.threads import run_in_thread
 from relax_gym.protocol import (
     EngineError,
     EngineTimeout,
@@ -181,13 +182,13 @@ class EpisodeRunner:
     async def _make_env(self) -> Env:
         try:
             if self.spec.env_factory is not None:
-                return await asyncio.to_thread(self.spec.env_factory)
+                return await run_in_thread(self.spec.env_factory)
             import relax_gym
 
             # Resolve the id on the event loop's thread: the registry loads its plugins on first
             # use, and two worker threads racing through that first load can miss each other's envs.
             env_spec = relax_gym.spec(self.spec.env_id)
-            return await asyncio.to_thread(env_spec.make, **self.spec.env_kwargs)
+            return await run_in_thread(env_spec.make, **self.spec.env_kwargs)
         except Exception as exc:  # noqa: BLE001
             self.metrics.env_errors += 1
             raise _EpisodeStop("env_error", f"cannot make {self.spec.env_id}: {type(exc).__name__}: {exc}") from None
@@ -195,7 +196,8 @@ class EpisodeRunner:
     async def _env_call(self, what: str, fn: Callable[[], Awaitable[Any]]) -> Any:
         start = time.perf_counter()
         try:
-            return await asyncio.wait_for(fn(), timeout=self.config.env_timeout_s)
+            async with asyncio.timeout(self.config.env_timeout_s):  # no extra task, unlike wait_for
+                return await fn()
         except TimeoutError:
             self.metrics.env_errors += 1
             raise _EpisodeStop("env_error", f"env.{what} timed out after {self.config.env_timeout_s} s") from None

@@ -1,0 +1,54 @@
+"""relax_gym.threads.run_in_thread: what asyncio.to_thread gives an env call, with less loop CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from relax_gym.threads import _WORKERS, run_in_thread
+
+REQUEST = contextvars.ContextVar("request", default="none")
+
+
+def test_results_exceptions_and_context_come_back_from_a_worker_thread() -> None:
+    async def main() -> None:
+        REQUEST.set("episode-7")
+        loop_thread = threading.get_ident()
+        ident, seen = await run_in_thread(lambda: (threading.get_ident(), REQUEST.get()))
+        assert ident != loop_thread and seen == "episode-7"
+        assert await run_in_thread(divmod, 17, 5) == (3, 2)
+        assert await run_in_thread(dict, a=1) == {"a": 1}
+        with pytest.raises(ZeroDivisionError):
+            await run_in_thread(lambda: 1 / 0)
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            await run_in_thread(next, iter([]))
+
+    asyncio.run(main())
+
+
+def test_many_calls_at_once_each_get_their_own_result_within_the_thread_bound() -> None:
+    async def main() -> list[int]:
+        return await asyncio.gather(*(run_in_thread(lambda i=i: (time.sleep(0.001), i * i)[1]) for i in range(300)))
+
+    assert asyncio.run(main()) == [i * i for i in range(300)]
+    assert asyncio.run(main()) == [i * i for i in range(300)]  # a new event loop is served as well
+    assert 1 <= _WORKERS._threads <= _WORKERS.max_workers  # noqa: SLF001
+
+
+def test_a_cancelled_caller_leaves_the_others_alone() -> None:
+    async def main() -> tuple[bool, int]:
+        slow = threading.Event()
+        timed_out = False
+        try:
+            async with asyncio.timeout(0.05):
+                await run_in_thread(slow.wait, 5)
+        except TimeoutError:
+            timed_out = True
+        slow.set()  # the abandoned call finishes; its result is dropped
+        return timed_out, await run_in_thread(int, "41") + 1
+
+    assert asyncio.run(main()) == (True, 42)
