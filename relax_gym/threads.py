@@ -83,11 +83,17 @@ class _Workers:
                 inbox = self._inboxes.setdefault(loop, _Inbox(loop))
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put((inbox, future, call))
-        with self._lock:
-            if self._idle == 0 and self._threads < self.max_workers:
-                self._threads += 1
-                threading.Thread(target=self._work, name=f"relax-gym-worker-{self._threads}", daemon=True).start()
+        if self._idle == 0 and self._threads < self.max_workers:  # an unlocked read is enough to decide
+            self._add_worker()
         return future
+
+    def _add_worker(self) -> None:
+        with self._lock:
+            if self._threads >= self.max_workers:
+                return
+            self._threads += 1
+            name = f"relax-gym-worker-{self._threads}"
+        threading.Thread(target=self._work, name=name, daemon=True).start()
 
     def _work(self) -> None:
         while True:
