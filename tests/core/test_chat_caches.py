@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relax_gym.trainer.rollout import ChatCodec
+from relax_gym.chat import ChatCodec
 
-from .test_chat import TOOLS, TURN1
+from .test_chat import TOOLS, TURN1, qwen3_tokenizer  # noqa: F401 -- the fixture
 
 
 def _texts(codec: ChatCodec, seed: int) -> list[str]:
@@ -46,7 +46,7 @@ def test_the_memoized_sandbox_still_refuses_unsafe_attributes() -> None:
     SecurityError there and here, twice (the second time the verdicts come from the memo)."""
     import jinja2.sandbox
 
-    from relax_gym.trainer.rollout.chat import _compile
+    from relax_gym.chat import _compile
 
     stock = jinja2.sandbox.ImmutableSandboxedEnvironment()
     values = {"x": [1, 1], "y": {"a": 2}, "f": _texts, "s": "a,b"}
