@@ -355,7 +355,8 @@ def main() -> int:
                         help="overhead variants to run (each repeat runs them in turn)")
     parser.add_argument("--profile", default=None,
                         help="overhead: after the repeats, profile one pass of the first variant with cProfile "
-                        "(timer: the event loop thread's CPU time) and write the stats here (the top functions by own time are printed)")
+                        "(timer: the event loop thread's CPU time) and write the stats here (the top functions "
+                        "by own time are printed)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--serve-fast-engine", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokens", type=int, default=16, help=argparse.SUPPRESS)

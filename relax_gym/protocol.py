@@ -477,7 +477,8 @@ class EngineClient:
             raise EngineUnavailable(url, f"unreachable ({type(exc).__name__}: {exc})") from None
         return resp.status_code, resp.content
 
-    async def _send_aiohttp(self, method: str, url: str, body: bytes | None, timeout_s: float | None) -> tuple[int, bytes]:
+    async def _send_aiohttp(self, method: str, url: str, body: bytes | None,
+                            timeout_s: float | None) -> tuple[int, bytes]:
         import aiohttp
 
         if self._session is None:

@@ -12,7 +12,8 @@ in a copy of the caller's context, as with ``to_thread``.
 The workers are daemon threads shared by every event loop of the process, at most
 ``min(32, cpu_count + 4)`` (asyncio's default executor's bound); they start when calls wait for
 one. A call still running when its caller is cancelled finishes and its result is dropped, as
-with ``to_thread``; one still running when the interpreter exits is abandoned.
+with ``to_thread``; one still running when the interpreter exits is abandoned. A forked child
+starts with an empty pool of its own.
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class _Workers:
 
 
 _WORKERS = _Workers(min(32, (os.cpu_count() or 1) + 4))
+
+
+def _fresh_pool_in_child() -> None:
+    """A forked child has none of the parent's worker threads: start from an empty pool (the
+    inherited one would count threads that do not exist and never start any)."""
+    global _WORKERS
+    _WORKERS = _Workers(_WORKERS.max_workers)
+
+
+os.register_at_fork(after_in_child=_fresh_pool_in_child)
 
 
 async def run_in_thread(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -52,3 +52,20 @@ def test_a_cancelled_caller_leaves_the_others_alone() -> None:
         return timed_out, await run_in_thread(int, "41") + 1
 
     assert asyncio.run(main()) == (True, 42)
+
+
+def _child_runs_a_call() -> None:
+    assert asyncio.run(asyncio.wait_for(run_in_thread(sum, [1, 2, 3]), 10)) == 6
+
+
+def test_a_forked_child_gets_its_own_workers() -> None:
+    """The parent's pool counts threads a forked child does not have: the child starts afresh."""
+    import multiprocessing
+
+    assert asyncio.run(run_in_thread(int, "7")) == 7  # the parent's pool has started a worker
+    child = multiprocessing.get_context("fork").Process(target=_child_runs_a_call)
+    child.start()
+    child.join(timeout=30)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
