@@ -84,25 +84,20 @@ class _Workers:
                 inbox = self._inboxes.setdefault(loop, _Inbox(loop))
         future: asyncio.Future[T] = loop.create_future()
         self._jobs.put((inbox, future, call))
-        if self._idle == 0 and self._threads < self.max_workers:  # an unlocked read is enough to decide
-            self._add_worker()
-        return future
-
-    def _add_worker(self) -> None:
-        with self._lock:
+        with self._lock:  # each call claims an idle worker, else starts one (up to the bound)
+            if self._idle:
+                self._idle -= 1
+                return future
             if self._threads >= self.max_workers:
-                return
+                return future  # the next worker to finish takes it
             self._threads += 1
             name = f"relax-gym-worker-{self._threads}"
         threading.Thread(target=self._work, name=name, daemon=True).start()
+        return future
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
             inbox, future, call = self._jobs.get()
-            with self._lock:
-                self._idle -= 1
             try:
                 value, ok = call(), True
             except BaseException as exc:  # noqa: BLE001 -- handed to the awaiting caller, as to_thread does
@@ -110,6 +105,8 @@ class _Workers:
                              if isinstance(exc, StopIteration) else exc), False
             inbox.put(future, ok, value)
             del inbox, future, call, value
+            with self._lock:
+                self._idle += 1
 
 
 _WORKERS = _Workers(min(32, (os.cpu_count() or 1) + 4))

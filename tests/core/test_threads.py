@@ -69,3 +69,15 @@ def test_a_forked_child_gets_its_own_workers() -> None:
     if child.is_alive():
         child.kill()
     assert child.exitcode == 0
+
+
+def test_calls_that_block_get_a_worker_each_up_to_the_bound() -> None:
+    """A burst of blocking calls is not queued behind one idle worker: each starts or claims its own."""
+    n = min(4, _WORKERS.max_workers)
+
+    async def main() -> None:
+        barrier = threading.Barrier(n, timeout=10)  # every call must be running at once to pass
+        assert await asyncio.gather(*(run_in_thread(barrier.wait) for _ in range(n))) is not None
+
+    asyncio.run(main())
+    asyncio.run(main())  # and again with the workers now idle

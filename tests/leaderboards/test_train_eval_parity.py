@@ -97,7 +97,7 @@ def _train(engine: Any, model: Path, seed: int) -> Any:
 
     async def go() -> Any:
         async with EngineRouter([engine.url]) as router:
-            config = RolloutConfig(max_new_tokens=MAX_NEW, temperature=0.0, concurrency=1)
+            config = RolloutConfig(max_new_tokens=MAX_NEW, temperature=0.0, concurrency=1, group_size=1)
             return await RolloutManager(router, codec, config).generate([EpisodeSpec(ENV, seed=seed)])
 
     (traj,) = asyncio.run(go())
