@@ -45,12 +45,11 @@ The sum of the micro-batch losses equals the full-batch loss exactly (see
 :class:`LossNormalizer`), and merged metrics equal the full-batch metrics.
 """
 
-from importlib import import_module
-from typing import Any
+from relax_gym.lazy_exports import lazy_exports
 
 # Names load on first use, so ``relax_gym.trainer.algorithms.config`` (the torch-free
 # ``algorithm:`` section) can be imported by config validation without importing torch.
-_HOMES = {
+__getattr__, __all__ = lazy_exports(__name__, {
     "tensor_ops": ["LOG_RATIO_CLAMP"],
     "config": [
         "AdvantageEstimator", "AlgorithmConfig", "ISLevel", "KLEstimator", "LossAggMode",
@@ -68,14 +67,4 @@ _HOMES = {
         "gspo_loss", "sapo_loss", "cispo_loss", "policy_loss_terms", "LossOutput",
         "compute_policy_loss", "merge_metrics",
     ],
-}
-_EXPORTS = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
+})

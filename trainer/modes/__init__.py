@@ -17,26 +17,12 @@ Weight publishing lives in :mod:`relax_gym.trainer.weights`. ``relax-gym train C
 command). See ``docs/async.md``.
 """
 
-from importlib import import_module
-from typing import Any
+from relax_gym.lazy_exports import lazy_exports
 
 # Names are loaded on first use: a Ray reward worker imports this package without paying for
 # torch, and the training config imports .async_config without a cycle.
-_HOMES = {
-    ".async_config": ["AsyncConfig", "RayConfig", "RoleResources"],
-    ".trajectory_queue": ["Batch", "QueueError", "QueuedGroup", "QueuedSample", "TrajectoryQueue"],
-    ".async_runner": ["run_async", "train"],
-}
-_EXPORTS = {name: module for module, names in _HOMES.items() for name in names}
-
-__all__ = [
-    "AsyncConfig", "Batch", "QueueError", "QueuedGroup", "QueuedSample", "RayConfig", "RoleResources",
-    "TrajectoryQueue", "run_async", "train",
-]
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(name)
-    return getattr(import_module(module, __name__), name)
+__getattr__, __all__ = lazy_exports(__name__, {
+    "async_config": ["AsyncConfig", "RayConfig", "RoleResources"],
+    "trajectory_queue": ["Batch", "QueueError", "QueuedGroup", "QueuedSample", "TrajectoryQueue"],
+    "async_runner": ["run_async", "train"],
+})

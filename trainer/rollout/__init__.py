@@ -10,13 +10,14 @@ Episodes are encoded by the core's chat encoder (:mod:`relax_gym.chat`: ``ChatCo
 ``ChatContext``), the one ``relax-gym eval`` uses too. See ``docs/rollout.md``.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from relax_gym.lazy_exports import lazy_exports
 
 # Names load on first use: validating a training config imports ``.config`` (the ``rollout:``
 # section) without the router's HTTP client, and the control server pulls in FastAPI/uvicorn
 # only when asked for.
-_HOMES = {
+__getattr__, __all__ = lazy_exports(__name__, {
     "config": ["RolloutConfig"],
     "control": ["ControlServer"],
     "episode": ["EpisodeRunner", "EpisodeSpec"],
@@ -25,8 +26,7 @@ _HOMES = {
     "router": ["EngineHandle", "EngineRouter", "NoEngineAvailable", "WeightSyncError", "parse_weight_version"],
     "trajectory": ["FAILED_STOP_REASONS", "STOP_REASONS", "StopReason", "Trajectory", "TrajectoryError",
                    "TurnRecord", "iter_jsonl", "load_jsonl", "save_jsonl"],
-}
-_EXPORTS = {name: module for module, names in _HOMES.items() for name in names}
+})
 
 if TYPE_CHECKING:
     from relax_gym.trainer.rollout.config import RolloutConfig
@@ -52,13 +52,3 @@ if TYPE_CHECKING:
         load_jsonl,
         save_jsonl,
     )
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.{module}"), name)
-
-
-__all__ = sorted(_EXPORTS)
