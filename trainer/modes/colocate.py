@@ -49,7 +49,7 @@ from relax_gym.trainer.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from relax_gym.trainer.config import EnvEntry, TrainConfig, check_envs
+from relax_gym.trainer.config import TrainConfig, check_envs
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import PhaseTimer, RunLogger, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutManager, Trajectory

@@ -118,7 +118,8 @@ class WeightTransport(ABC):
 
     async def send_one(self, source: WeightSource | None, version: str, url: str) -> None:
         """Bring one engine (a joiner or a revived one) to the published ``version``."""
-        assert source is not None, f"the {self.name} transport needs the published weights"
+        if source is None:  # a real check: ``python -O`` drops asserts
+            raise WeightSyncFailed(f"the {self.name} transport needs the published weights to catch an engine up")
         delivery = await self.send(source, version, [url])
         if delivery.failed:
             raise EngineError(url, delivery.failed[url])
