@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relax_gym.trainer.config import TrainConfig
-    from relax_gym.trainer.modes.colocate import RunSummary
+    from relax_gym.trainer.modes.training_run import RunSummary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.modes.colocate import RunSummary
+from relax_gym.trainer.modes.training_run import RunSummary
 
 from relax_gym.trainer.modes.roles import LocalRole, Role, Roles, Runtime, needs_workers
 

@@ -1,9 +1,9 @@
 """The trainer role of the asynchronous modes: train on queued batches, publish weights.
 
-:class:`Learner` is the colocate :class:`~relax_gym.trainer.modes.colocate.Trainer` (same set-up, warm-up
-SFT, evaluation, checkpoints, metrics and logging) with the RL step replaced: instead of
-generating its own batch it trains on a :class:`~.queue.Batch` of whole groups taken from the
-queue, and publishes the new weights while the producer keeps generating. Per step:
+:class:`Learner` is a :class:`~relax_gym.trainer.modes.training_run.TrainingRun` (the set-up, warm-up
+SFT, evaluation, checkpoints, metrics and logging every mode shares) whose RL step trains on a
+:class:`~.trajectory_queue.Batch` of whole groups taken from the queue instead of generating its
+own, and publishes the new weights while the producer keeps generating. Per step:
 
 1. **logprob** -- tensors for every sample of the batch's groups; advantages over the *whole*
    groups (samples that the staleness check refused still count in their group's statistics but
@@ -44,7 +44,7 @@ from relax_gym.trainer.algorithms.update import update_policy
 from relax_gym.trainer.backends.base import SequenceBatch
 from relax_gym.trainer.checkpoint import CheckpointError, Resume, save_checkpoint
 from relax_gym.trainer.config import TrainConfig
-from relax_gym.trainer.modes.colocate import Trainer
+from relax_gym.trainer.modes.training_run import TrainingRun, prepare_model
 from relax_gym.trainer.observability import PhaseTimer, plot_curves
 
 from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueuedSample, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
@@ -63,7 +63,7 @@ def read_ledger(out_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-class Learner(Trainer):
+class Learner(TrainingRun):
     """The trainer role; see the module docstring. ``engine_urls`` are engines someone else
     started (the Ray runtime's engine actors); without them the learner starts the configured
     engines itself (the embedded runtime)."""
@@ -166,8 +166,6 @@ class Learner(Trainer):
 
     def prepare_model_folder(self) -> str:
         """Build (or find) the starting model folder, before engines that serve it start."""
-        from relax_gym.trainer.modes.colocate import prepare_model
-
         self.out.mkdir(parents=True, exist_ok=True)
         return str(prepare_model(self.config, self.out))
 
