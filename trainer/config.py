@@ -810,6 +810,11 @@ def _register_entry_points(config: TrainConfig) -> None:
                                   f"{env.id!r}: {_exc_line(exc)}") from None
 
 
+def env_ids(config: TrainConfig) -> list[str]:
+    """Every env id the run trains or evaluates on (suites expanded), once each, in order."""
+    return list(dict.fromkeys(env_id for _, env_id, _ in _env_entries(config)))
+
+
 def _env_entries(config: TrainConfig) -> list[tuple[str, str, dict[str, Any]]]:
     """(config field, env id, kwargs) of every env the run trains or evaluates on."""
     out: list[tuple[str, str, dict[str, Any]]] = []
@@ -920,6 +925,7 @@ __all__ = [
     "WarmupConfig",
     "apply_overrides",
     "check_envs",
+    "env_ids",
     "check_values",
     "config_from_dict",
     "format_validation_error",

@@ -82,13 +82,18 @@ def test_module_entry_is_relax_gym_train(tmp_path: Path) -> None:
 def test_relax_gym_train_runs_fully_async_through_the_modes_runner(
         tiny_model: Path, engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A short real fully_async run started by ``relax-gym train``: the files only the
-    asynchronous runner writes (ledger, timeline, the summary's mode and runtime) are there."""
+    asynchronous runner writes (ledger, timeline, the summary's mode and runtime) are there.
+    The learner ran in a child process of its own, and found the env although no
+    ``async_rl.imports`` names its module (the module that registered it here is imported there)."""
     out = tmp_path / "run"
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump(config_dict(tiny_model, out, [engine.url], train={"steps": 2})))
+    raw = config_dict(tiny_model, out, [engine.url], train={"steps": 2})
+    raw["async_rl"]["imports"] = []
+    path.write_text(yaml.safe_dump(raw))
     assert main(["train", str(path)]) == 0
     assert "done (fully_async): 2 RL steps" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["mode"], summary["runtime"], summary["steps"]) == ("fully_async", "embedded", 2)
+    assert summary["learner_pid"] not in (None, summary["driver_pid"])
     assert (out / "timeline.json").is_file()
     assert [r["step"] for r in read_ledger(out)] == [1, 2]

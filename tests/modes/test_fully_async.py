@@ -119,3 +119,19 @@ async def test_trainer_crash_and_resume_loses_and_repeats_nothing(tiny_model: Pa
     held = {p["group_id"] for p in before["extra"]["async"]["producer"]["pending"]}
     later = {g for r in audit.ledger[2:] for g in r["groups"]} | set(audit.leftover_groups) | set(audit.pending_groups)
     assert held <= later
+
+
+@pytest.mark.slow
+async def test_every_role_in_one_process_when_asked(tiny_model: Path, engine: Any, tmp_path: Path) -> None:
+    """``async_rl.learner_process=false``: the learner lives in this process (sharing the router
+    with the producer), and the run is as exact as with the learner in its own process."""
+    import os
+
+    out = tmp_path / "inproc"
+    cfg = config_from_dict(config_dict(tiny_model, out, [engine.url], train={"steps": 2},
+                                       async_rl={"max_staleness": 1, "learner_process": False,
+                                                 "imports": ["tests.modes.workload"]}))
+    summary = await run_async(cfg)
+    assert summary.steps == 2
+    audit_run(out, max_staleness=1)
+    assert json.loads((out / "summary.json").read_text())["learner_pid"] == os.getpid()

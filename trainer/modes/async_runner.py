@@ -15,8 +15,10 @@ One loop, whatever the runtime (it only holds :mod:`roles <.roles>`)::
         checkpoint when due                model + queue contents + producer state (+ pending)
     producer.stop(); learner.finish()      final eval and checkpoint (nothing queued is lost)
 
-The embedded runtime (:class:`EmbeddedRuntime`, the default) builds every role in this process:
-one asyncio loop, engines as subprocesses, forward/backward passes in worker threads. The Ray
+The embedded runtime (:class:`EmbeddedRuntime`, the default) needs no cluster: the learner runs
+in a child process of its own (:mod:`.process_role`; its steps then do not share the interpreter
+lock with generation), every other role in this process (one asyncio loop, worker threads),
+engines as subprocesses. The Ray
 runtime (:mod:`.ray_runtime`) builds them as actors. Neither the loop nor the algorithm code
 knows which one it runs on.
 """
@@ -28,6 +30,7 @@ import contextlib
 import importlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -49,16 +52,29 @@ def import_modules(names: list[str]) -> None:
 # the embedded runtime
 # ------------------------------------------------------------------------------------------------
 class EmbeddedRuntime:
-    """Every role in this process (asyncio + engine subprocesses + worker threads)."""
+    """Every role on this machine without a cluster: the learner in a child process of its own
+    (``async_rl.learner_process``, the default) or in this one; the producer, queue, reward and
+    logprob workers in this process (asyncio + worker threads); engines as subprocesses."""
 
     def __init__(self) -> None:
-        self._learner: Any = None
+        self._learner: Any = None  # the Learner object, when it lives in this process
+        self._learner_role: Any = None  # the ProcessRole, when it lives in a child
         self._producer: Any = None
 
     async def make_learner(self, config: TrainConfig, *, resume: bool | str) -> Role:
+        import_modules(config.async_rl.imports)
+        if config.async_rl.learner_process:
+            from relax_gym.trainer.config import check_envs
+            from relax_gym.trainer.modes.process_role import ProcessRole
+
+            check_envs(config)  # here, where the error reads best; the child builds them again
+            self._learner_role = ProcessRole(
+                "relax_gym.trainer.modes.ray_actors:role_object",
+                {"kind": "learner", "config_data": config.model_dump(mode="json"), "kwargs": {"resume": resume}},
+                imports=env_modules(config), name="learner")
+            return self._learner_role
         from relax_gym.trainer.modes.learner import Learner
 
-        import_modules(config.async_rl.imports)
         self._learner = Learner(config, resume=resume)
         return LocalRole(self._learner)
 
@@ -74,20 +90,29 @@ class EmbeddedRuntime:
         queue_role = LocalRole(queue)
         rewards: list[Role] = [LocalRole(RewardWorker(c.rewards.entries, c.rewards.per_env, c.rewards.timeout_s))]
         lrn = self._learner
-        producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False)
+        if lrn is not None:  # shares the learner's router: its weight sync pauses generation
+            producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False)
+        else:  # its own router over the learner's engines, as the Ray rollout actor has
+            from relax_gym.trainer.modes.ray_actors import build_role
+
+            engines = info["engines"]
+            producer = build_role("rollout", c, {
+                "learner": learner, "urls": engines["urls"], "api_key": engines["api_key"],
+                "model_path": info["model_path"], "queue": queue_role, "rewards": rewards})
+            await producer.open_router()
         roles = Roles(learner=learner, queue=queue_role, rollout=LocalRole(producer), rewards=rewards)
         want_ref, want_prox = needs_workers(c)
         if want_ref or want_prox:
-            from relax_gym.trainer.modes.logprob_workers import LogprobWorker, current_weights
+            from relax_gym.trainer.modes.logprob_workers import LogprobWorker
 
             mb = c.train.micro_batch_size
             if want_ref:
                 roles.ref_worker = LocalRole(LogprobWorker("ref", info["reference_model"], queue_role,
                                                            temperature=c.rollout.temperature, micro_batch_size=mb))
             if want_prox:
-                worker = LogprobWorker("prox", lrn.model_path, queue_role, temperature=c.rollout.temperature,
+                worker = LogprobWorker("prox", info["model_path"], queue_role, temperature=c.rollout.temperature,
                                        micro_batch_size=mb)
-                worker.update(int(info["version"]), current_weights(lrn.backend))
+                worker.update(int(info["version"]), await learner.current_weights())
                 roles.prox_worker = LocalRole(worker)
         if a.control_port is not None:
             await producer.start_control(a.control_port, a.control_token, str(c.out_dir))
@@ -98,6 +123,25 @@ class EmbeddedRuntime:
         if self._producer is not None:
             await self._producer.close()
             self._producer = None
+        if self._learner_role is not None:
+            await self._learner_role.stop_process()
+            self._learner_role = None
+
+
+def env_modules(config: TrainConfig) -> list[str]:
+    """The modules that define the run's envs, for a child process to import before it builds
+    them (an env registered in a module nobody lists in ``async_rl.imports`` still works)."""
+    import relax_gym
+    from relax_gym.trainer.config import env_ids
+
+    out: list[str] = []
+    for env_id in env_ids(config):
+        spec = relax_gym.registration.registry.get(env_id)
+        entry = getattr(spec, "entry_point", None)
+        module = entry.split(":", 1)[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+        if module and module not in ("__main__", "__mp_main__") and module not in out:
+            out.append(module)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,6 +160,7 @@ class AsyncRunner:
         self.timeline: dict[str, list[tuple[float, float, int]]] = {"rollout": [], "train": []}
         self._published: tuple[int, int] = (0, 0)  # (version, steps) the engines serve
         self.started_at = 0.0
+        self.learner_pid: int | None = None  # the process the learner ran in (summary.json says)
 
     async def run(self) -> RunSummary:
         c = self.config
@@ -127,6 +172,7 @@ class AsyncRunner:
             learner = await self.runtime.make_learner(c, resume=self.resume)
             info = await learner.open()
             summary = {"steps": info["step"]}
+            self.learner_pid = info.get("pid")
             if not info["done"]:
                 roles = self.roles = await self.runtime.make_data_plane(c, learner, info)
                 try:
@@ -152,7 +198,8 @@ class AsyncRunner:
         (out / "summary.json").write_text(json.dumps({
             "mode": self.config.mode, "runtime": self.config.async_rl.runtime, "steps": result.steps,
             "first_eval": result.first_eval, "final_eval": result.final_eval,
-            "elapsed_s": round(result.elapsed_s, 2), "curves": curves}, indent=2), encoding="utf-8")
+            "elapsed_s": round(result.elapsed_s, 2), "curves": curves, "learner_pid": self.learner_pid,
+            "driver_pid": os.getpid()}, indent=2), encoding="utf-8")
         return result
 
     async def _prepare(self, roles: Roles, info: dict[str, Any]) -> None:

@@ -213,7 +213,7 @@ class Learner(TrainingRun):
                 "done": self.state.step >= c.train.steps, "queue_groups": queue_groups,
                 "queue_state": queue_state, "producer_state": extra.get("producer", {}),
                 "reference_model": str(self.out / "reference_model") if c.algorithm.needs_reference else None,
-                "engines": self.engine_info()}
+                "model_path": str(self.model_path), "engines": self.engine_info(), "pid": os.getpid()}
 
     # ============================================================================================
     # one training step on a queued batch

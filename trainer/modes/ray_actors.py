@@ -77,7 +77,7 @@ class RoleActor:
             import torch
 
             torch.set_num_threads(config.threads)
-        self.obj = _build(kind, config, kwargs)
+        self.obj = build_role(kind, config, kwargs)
 
     async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await call_method(self.obj, name, *args, **kwargs)
@@ -86,7 +86,14 @@ class RoleActor:
         return self.kind
 
 
-def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
+def role_object(kind: str, config_data: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+    """The role object a :class:`RoleActor` would host, for a process that hosts it itself
+    (:class:`~.process_role.ProcessRole`)."""
+    return RoleActor(kind, config_data, kwargs).obj
+
+
+def build_role(kind: str, config: Any, kw: dict[str, Any]) -> Any:
+    """The role object of ``kind`` (learner, engine, queue, rollout, logprob) for ``config``."""
     if kind == "learner":
         from relax_gym.trainer.modes.learner import Learner
 
@@ -121,4 +128,4 @@ def _build(kind: str, config: Any, kw: dict[str, Any]) -> Any:
     raise ValueError(f"unknown role kind {kind!r}")
 
 
-__all__ = ["EngineHost", "RoleActor", "import_modules"]
+__all__ = ["EngineHost", "RoleActor", "build_role", "import_modules", "role_object"]
