@@ -37,7 +37,11 @@ async def test_errors_come_back_to_the_caller() -> None:
             await role.fail_oddly()  # could not be pickled back as itself: a plain error, not a hang
         with pytest.raises(AttributeError):
             await role.no_such_method()
+        with pytest.raises(Exception, match="pickle"):
+            await role.times(lambda: 1)  # an argument that cannot travel fails here, at once
         assert await role.times(2) == 2  # the role still serves after failed calls
+        big = "x" * 1_000_000  # larger than a pipe's buffer: written from a worker thread
+        assert await role.slow_echo(big, 0.0) == big
     finally:
         await role.stop_process()
 
