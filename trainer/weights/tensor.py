@@ -7,6 +7,7 @@ posted to every engine concurrently before the next bucket is pulled; nothing to
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from relax_gym.protocol import EngineClient, UpdateWeightsFromTensorRequest
@@ -41,7 +42,10 @@ class TensorTransport(WeightTransport):
                 alive = [u for u in urls if u not in out.failed]
                 if not alive:
                     continue  # still walk the source to its end (a collective export)
-                req = UpdateWeightsFromTensorRequest(serialized_named_tensors=[encode_named_tensors(bucket)],
+                # encoding a bucket takes tens of ms per 10 MB: off the event loop, which meanwhile
+                # answers the trainer's other calls (the learner process) or drives rollouts
+                blob = await asyncio.to_thread(encode_named_tensors, bucket)
+                req = UpdateWeightsFromTensorRequest(serialized_named_tensors=[blob],
                                                      weight_version=version if last else None)
                 out.failed.update(await gather_failures({u: clients[u].update_weights_from_tensor(req)
                                                          for u in alive}))
