@@ -14,8 +14,14 @@ class NeedsTwoArgs(Exception):
 
 
 class Target:
-    def __init__(self, scale: int) -> None:
+    def __init__(self, scale: int, closed_marker: str | None = None) -> None:
         self.scale = scale
+        self.closed_marker = closed_marker
+
+    def close(self) -> None:
+        if self.closed_marker:
+            with open(self.closed_marker, "w", encoding="utf-8") as fh:
+                fh.write("closed")
 
     def times(self, x: int) -> int:
         return x * self.scale

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -65,5 +66,52 @@ async def test_a_dead_child_fails_calls_at_once() -> None:
             await asyncio.wait_for(asyncio.gather(role.die_after(0.1), waiting), 30)
         with pytest.raises(RoleProcessDied, match="exit code 7"):
             await role.times(1)  # later calls fail too, at once
+    finally:
+        await role.stop_process()
+
+
+async def test_an_orphaned_child_closes_its_role_and_exits(tmp_path: Path) -> None:
+    """The driver dies hard (no goodbye on the pipe): the child closes the role object (a learner
+    stops its engines there) and exits by itself."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "closed"
+    driver = (
+        "import asyncio, os, sys\n"
+        "from relax_gym.trainer.modes.process_role import ProcessRole\n"
+        "async def main():\n"
+        f"    role = ProcessRole({TARGET!r}, {{'scale': 1, 'closed_marker': {str(marker)!r}}})\n"
+        "    assert await role.times(5) == 5\n"
+        "    print(role.process_id, flush=True)\n"
+        "    os._exit(9)\n"
+        "asyncio.run(main())\n")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", driver], cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    child = int(proc.stdout.strip())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not marker.exists():
+        await asyncio.sleep(0.1)
+    assert marker.read_text() == "closed"
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+        status = Path(f"/proc/{child}/status").read_text() if Path(f"/proc/{child}/status").exists() else ""
+        if "zombie" in status:
+            break
+        await asyncio.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+
+
+async def test_sigterm_to_the_child_is_left_to_the_parent() -> None:
+    """A supervisor's SIGTERM to the whole group: the child keeps serving until the parent has
+    closed the run (the parent's own handler drives the shutdown)."""
+    import signal
+
+    role = ProcessRole(TARGET, {"scale": 2})
+    try:
+        assert await role.times(1) == 2
+        os.kill(role.process_id, signal.SIGTERM)
+        await asyncio.sleep(0.3)
+        assert await role.times(4) == 8
     finally:
         await role.stop_process()

@@ -139,9 +139,31 @@ def env_modules(config: TrainConfig) -> list[str]:
         spec = relax_gym.registration.registry.get(env_id)
         entry = getattr(spec, "entry_point", None)
         module = entry.split(":", 1)[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
-        if module and module not in ("__main__", "__mp_main__") and module not in out:
+        if module and module not in out and _importable_by_name(module):
             out.append(module)
     return out
+
+
+def _importable_by_name(module: str) -> bool:
+    """A module another process can import by its name: not the script (``__main__``; spawn
+    re-runs it there) and not one loaded from a file path under a made-up name (a config's
+    ``entry_point: path/to/file.py:Env``, which the learner registers again from the config):
+    its file must be where that name leads from ``sys.path``."""
+    import sys
+
+    if module in ("__main__", "__mp_main__"):
+        return False
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    if spec is None or not origin or not Path(origin).is_file():
+        return spec is not None  # built-in, frozen or namespace modules import by name
+    rel = Path(*module.split("."))
+    wanted = {rel.with_suffix(Path(origin).suffix), rel / Path(origin).name}
+    for entry in sys.path:
+        base = Path(entry or ".").resolve()
+        if any((base / w).resolve() == Path(origin).resolve() for w in wanted):
+            return True
+    return False
 
 
 # ------------------------------------------------------------------------------------------------

@@ -179,8 +179,10 @@ def serve_role(conn: Any, factory: str, kwargs: dict[str, Any], imports: list[st
     """The child's main: build the role object, then run calls until the parent says stop or goes."""
     import signal
 
-    # Ctrl-C reaches the whole process group: the parent stops the run and then this process
+    # Ctrl-C (and a supervisor's SIGTERM) reach the whole process group: the parent stops the
+    # run, which closes this role (its engines too), and then this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING)
     try:
         for name in imports:
@@ -207,6 +209,10 @@ class _FailedRole:
         return fail
 
 
+_PARENT_GONE = object()  # the pipe closed without a goodbye: the parent died
+_CLOSE_ON_ORPHAN_S = 120.0
+
+
 def _travels(exc: BaseException) -> bool:
     """Whether ``exc`` survives a pickle round trip (an exception class whose ``__init__`` takes
     other arguments than its message does not, and would leave the caller waiting)."""
@@ -229,9 +235,9 @@ async def _serve(conn: Any, obj: Any) -> None:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
-                message = None
+                message = _PARENT_GONE
             loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message is None:
+            if message is None or message is _PARENT_GONE:
                 return
 
     async def reply(message: tuple[int, bool, Any]) -> None:
@@ -260,7 +266,7 @@ async def _serve(conn: Any, obj: Any) -> None:
     tasks: set[asyncio.Task[None]] = set()
     while True:
         message = await inbox.get()
-        if message is None:
+        if message is None or message is _PARENT_GONE:
             break
         task = asyncio.create_task(run_call(*message))
         tasks.add(task)
@@ -268,6 +274,13 @@ async def _serve(conn: Any, obj: Any) -> None:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+    if message is _PARENT_GONE and callable(getattr(obj, "close", None)):
+        # the parent died without closing this role: close it here, so that what it started
+        # (a learner's engines) does not outlive the run
+        try:
+            await asyncio.wait_for(call_method(obj, "close"), _CLOSE_ON_ORPHAN_S)
+        except BaseException as exc:  # noqa: BLE001 - best effort on the way out
+            log.warning("closing the role after its parent went away failed: %s", exc)
 
 
 __all__ = ["ProcessRole", "RemoteCallError", "RoleProcessDied", "serve_role"]
