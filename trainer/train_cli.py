@@ -51,8 +51,9 @@ def _override_after_resume(args: argparse.Namespace) -> None:
 
 def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
     """The exit status of a run that raised ``exc``, after one line on stderr: 2 for a missing
-    file, a bad config or a bad checkpoint, 3 (``env_errors.EXIT_CODE``) for the env error-rate
-    stop, also when a Ray actor raised them; None for anything else (a bug: let it propagate)."""
+    file, a bad config, a bad checkpoint or a backend that cannot start here (BackendSetupError),
+    3 (``env_errors.EXIT_CODE``) for the env error-rate stop, also when a Ray actor raised them;
+    None for anything else (a bug: let it propagate)."""
     from relax_gym.trainer.checkpoint import find_checkpoint_error
     from relax_gym.trainer.config import ConfigError
     from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
@@ -60,6 +61,11 @@ def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
     bad: Exception | None = find_checkpoint_error(exc)
     if bad is None and isinstance(exc, (FileNotFoundError, ConfigError)):
         bad = exc
+    if bad is None:
+        from relax_gym.errors import find_cause
+        from relax_gym.trainer.backends import BackendSetupError
+
+        bad = find_cause(exc, BackendSetupError)
     if bad is not None:
         print(f"relax-gym {command}: {bad}", file=sys.stderr)
         return 2

@@ -509,17 +509,21 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
     backend = MegatronBackend(
         model_dir, micro_batch_size=len(batch), optimizer=OptimizerSettings(lr=1e-3)
     )
-    got = backend.compute_logprobs(batch)
     hf = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    diff = 0.0
-    for i, ids in enumerate(input_ids):
-        t = torch.tensor([ids])
-        extra: dict[str, Any] = dict(multimodal[i])
-        if extra:
-            extra["mm_token_type_ids"] = (t == hf_config.image_token_id).int()
-        ref_lp, _ = _hf_logprobs(hf, t, **extra)
-        mask = torch.tensor(loss_mask[i][1:], dtype=torch.float32)
-        diff = max(diff, float(((got.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+    diffs = {}
+    for layout in ("packed", "padded", "auto"):  # both exact layouts of a micro-batch
+        backend.cfg.micro_batch_layout = layout
+        got = backend.compute_logprobs(batch)
+        diff = 0.0
+        for i, ids in enumerate(input_ids):
+            t = torch.tensor([ids])
+            extra: dict[str, Any] = dict(multimodal[i])
+            if extra:
+                extra["mm_token_type_ids"] = (t == hf_config.image_token_id).int()
+            ref_lp, _ = _hf_logprobs(hf, t, **extra)
+            mask = torch.tensor(loss_mask[i][1:], dtype=torch.float32)
+            diff = max(diff, float(((got.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+        diffs[layout] = diff
     losses = [backend.train_step(batch, NLLObjective())["loss"] for _ in range(3)]
     saved = backend.save_pretrained(Path(work_dir) / "hf_out")
     again = Qwen3VLForConditionalGeneration.from_pretrained(str(saved), dtype=torch.float32)
@@ -530,7 +534,9 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
     mask = torch.tensor(loss_mask[0][1:], dtype=torch.float32)
     return {
         "image_tokens": [sum(1 for x in ids if x == hf_config.image_token_id) for ids in input_ids],
-        "packed_vs_hf_max_diff": diff,
+        "packed_vs_hf_max_diff": diffs["packed"],
+        "padded_vs_hf_max_diff": diffs["padded"],
+        "auto_vs_hf_max_diff": diffs["auto"],
         "losses": losses,
         "version": backend.version,
         "export_logprob_max_diff": float(((after.logprobs[0][1:] - ref_lp[0]) * mask).abs().max()),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -122,6 +123,9 @@ def on_any_thread(method: _F) -> _F:
     threads (``asyncio.to_thread``); the ``torch.cuda`` patches are process-wide already.
     """
 
+    if inspect.isgeneratorfunction(method):
+        return _generator_on_any_thread(method)
+
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not is_active():
@@ -130,6 +134,38 @@ def on_any_thread(method: _F) -> _F:
             return method(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _generator_on_any_thread(method: _F) -> _F:
+    """A generator resumes in whichever thread calls ``next()``: each resumption enters the
+    shim on its own (a mode held open across a ``yield`` would leak into the caller's stack)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        gen = method(*args, **kwargs)
+        while True:
+            if is_active():
+                with _mode_in_this_thread():
+                    try:
+                        item = next(gen)
+                    except StopIteration:
+                        return
+            else:
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    return
+            yield item
+
+    return wrapper  # type: ignore[return-value]
+
+
+def refuse_on_cuda() -> None:
+    """The switch asked for on a machine with CUDA is a mistake: say so in one line."""
+    if os.environ.get(ENV_FLAG) == "1" and torch.cuda.is_available():
+        raise RuntimeError(
+            f"{ENV_FLAG}=1 asks for the CPU debug shim, but CUDA is available: unset it to train on the GPU"
+        )
 
 
 def enable_from_env() -> bool:
