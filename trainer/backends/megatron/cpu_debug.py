@@ -12,16 +12,17 @@ to start where CUDA is available, so it can never sit on the GPU path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import inspect
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.autograd.function import BackwardCFunction
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 
 def _is_cuda_device(device: Any) -> bool:
@@ -73,7 +74,6 @@ _PATCHES: dict[str, Any] = {
 ENV_FLAG = "RELAX_MEGATRON_CPU_SHIM"
 _active = 0
 _process_wide: contextlib.ExitStack | None = None
-_thread = threading.local()  # torch keeps function modes per thread
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -92,6 +92,8 @@ def megatron_on_cpu() -> Iterator[None]:
     saved = {name: getattr(torch.cuda, name) for name in _PATCHES}
     for name, fn in _PATCHES.items():
         setattr(torch.cuda, name, fn)
+    backward_apply = BackwardCFunction.apply
+    BackwardCFunction.apply = _backward_under_shim(backward_apply)  # type: ignore[method-assign]
     _active += 1
     try:
         with _mode_in_this_thread():
@@ -99,21 +101,32 @@ def megatron_on_cpu() -> Iterator[None]:
             yield
     finally:
         _active -= 1
+        BackwardCFunction.apply = backward_apply  # type: ignore[method-assign]
         for name, fn in saved.items():
             setattr(torch.cuda, name, fn)
 
 
+def _backward_under_shim(apply: Callable[..., Any]) -> Callable[..., Any]:
+    """The autograd engine runs a Python ``Function.backward`` without the caller's function
+    modes, and megatron's TP mappings allocate on ``torch.cuda.current_device()`` there (the
+    reduce-scatter behind an all-gather, e.g. attention with fewer key/value heads than TP)."""
+
+    @functools.wraps(apply)
+    def wrapper(self: Any, *args: Any) -> Any:
+        with _mode_in_this_thread():
+            return apply(self, *args)
+
+    return wrapper
+
+
 @contextlib.contextmanager
 def _mode_in_this_thread() -> Iterator[None]:
-    if getattr(_thread, "inside", False):
+    """Push the mode unless it is on this thread's stack already."""
+    if any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack()):
         yield
         return
-    _thread.inside = True
-    try:
-        with CudaToCpuMode():
-            yield
-    finally:
-        _thread.inside = False
+    with CudaToCpuMode():
+        yield
 
 
 def on_any_thread(method: _F) -> _F:
@@ -177,4 +190,5 @@ def enable_from_env() -> bool:
         return False
     _process_wide = contextlib.ExitStack()
     _process_wide.enter_context(megatron_on_cpu())
+    atexit.register(_process_wide.close)  # before module teardown, not in the garbage collector
     return True
