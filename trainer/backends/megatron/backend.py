@@ -128,6 +128,7 @@ def _finalize_grads_without_token_scaling(
 class MegatronBackend(TrainerBackend):
     """Qwen3 / Qwen3-VL trained with megatron-core; see the module docstring."""
 
+    @on_any_thread  # a second backend (the reference model) may be built in a worker thread
     def __init__(
         self,
         model_path: str | Path,
