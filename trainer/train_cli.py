@@ -10,6 +10,7 @@ The config's ``mode`` picks the runner: ``colocate`` runs the training core's lo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -96,6 +97,29 @@ def held_out_change(summary: RunSummary) -> str:
     return f"; held-out success {first:.2f} -> {final:.2f}"
 
 
+def launched_ranks() -> tuple[int, int] | None:
+    """(world size, rank) under a multi-process launcher (torchrun), else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (world, int(os.environ.get("RANK", "0"))) if world > 1 else None
+
+
+def follower(config: TrainConfig) -> int:
+    """A megatron rank > 0: replay rank 0's backend calls until it stops."""
+    import torch
+
+    from relax_gym.trainer.backends.megatron.spmd import follow
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return follow(config.megatron)
+    except Exception as exc:
+        code = exit_code_of_failed_run("train", exc)
+        if code is None:
+            raise
+        return code
+
+
 def run(args: argparse.Namespace) -> int:
     _override_after_resume(args)
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
@@ -108,6 +132,16 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
+    launched = launched_ranks()
+    if launched is not None:
+        world, rank = launched
+        if config.backend != "megatron":
+            print(f"relax-gym train: {world} processes were launched (WORLD_SIZE={world}) but backend "
+                  f"{config.backend!r} runs in one process; use backend=megatron or start one process",
+                  file=sys.stderr)
+            return 2
+        if rank != 0:  # megatron SPMD: rank 0 runs the loop, this rank replays its backend calls
+            return follower(config)
     try:
         check_envs(config)  # before any model loads, engine starts or Ray cluster comes up
     except ConfigError as exc:

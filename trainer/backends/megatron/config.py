@@ -55,6 +55,11 @@ class MegatronConfig(BaseModel):
     collective_timeout_s: float = Field(
         600.0, gt=0, description="Timeout of every collective; a dead rank ends the others."
     )
+    follower_timeout_s: float = Field(
+        3600.0, gt=0,
+        description="Under torchrun: how long ranks > 0 wait for rank 0's next backend call "
+        "(rollouts and evaluation run between calls).",
+    )
 
     @property
     def torch_dtype(self) -> torch.dtype:
