@@ -24,6 +24,7 @@ gradients, and ``finalize_model_grads`` is called without a token count.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -485,7 +486,8 @@ class MegatronBackend(TrainerBackend):
         dist.barrier()
         state = {"model": self.module.sharded_state_dict()}
         state["optimizer"] = self.optimizer.sharded_state_dict(state["model"])
-        dist_checkpointing.save(state, str(ckpt))
+        with _children_allowed():
+            dist_checkpointing.save(state, str(ckpt))
         if dist.get_rank() == 0:
             meta = {
                 "version": self.version,
@@ -524,6 +526,25 @@ class MegatronBackend(TrainerBackend):
             raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({one_line(exc)[:300]})") from None
         self.updates = meta.updates
         self.version = meta.version
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process (the async modes' learner process) start child processes for the
+    duration: megatron's distributed-checkpoint writer forks its writers (and a spawn-mode
+    results queue) and joins the writers before ``save`` returns. Python refuses children of a
+    daemonic process outright ("daemonic processes are not allowed to have children")."""
+    import multiprocessing
+
+    config = multiprocessing.current_process()._config  # noqa: SLF001 - the flag the check reads
+    daemon = config.get("daemon")
+    if daemon:
+        config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon:
+            config["daemon"] = daemon
 
 
 class _SavedMeta(BaseModel):
