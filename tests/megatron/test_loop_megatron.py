@@ -127,7 +127,9 @@ def test_cli_trains_on_megatron_in_the_async_modes(tmp_path: Path, mode: str) ->
     cfg["rollout"]["prompts_per_step"] = 2
     cfg["train"]["mini_batches"] = 2
     cfg["algorithm"]["rollout_correction"] = "decoupled"
-    cfg["async_rl"] = {"max_staleness": 1}
+    # the env comes by module import (the learner runs in a process of its own)
+    cfg["data"]["envs"] = [{"id": "modes-test/Vowels-v0"}]
+    cfg["async_rl"] = {"max_staleness": 1, "imports": ["tests.modes.workload"]}
     proc = _train(cfg, tmp_path / "run.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = _records(tmp_path / "run")
