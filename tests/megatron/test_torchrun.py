@@ -89,3 +89,22 @@ def test_tp2_and_dp2_under_torchrun_match_one_process(tmp_path: Path) -> None:
         for key in ("train/loss", "train/grad_norm"):  # the second step, after one update
             assert train[1][key] == pytest.approx(ref_train[1][key], rel=1e-4, abs=1e-6), (name, key)
     assert all(d < WEIGHT_TOL_LR * LR for d in diffs.values()), diffs
+
+
+@pytest.mark.slow  # two processes, a tiny Qwen3-VL, the tool-use suite: ~2 min on a loaded box
+@pytest.mark.timeout(1200)
+def test_flagship_cpu_twin_runs(tmp_path: Path) -> None:
+    """examples/qwen3vl_tooluse_cpu.yaml: Qwen3-VL, tools suite, GSPO, TP=2 under torchrun,
+    distributed weight sync to the embedded engine -- the structure of the GPU preset."""
+    out = tmp_path / "twin"
+    cfg = yaml.safe_load((ROOT / "examples" / "qwen3vl_tooluse_cpu.yaml").read_text(encoding="utf-8"))
+    cfg["output_dir"] = str(out)
+    cfg["train"]["steps"] = 2
+    assert cfg["backend"] == "megatron" and cfg["megatron"]["tensor_parallel_size"] == 2
+    assert cfg["algorithm"]["policy_loss"] == "gspo" and cfg["engine"]["sync"] == "distributed"
+    proc = _run(cfg, tmp_path / "twin.yaml", nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [r for r in _records(out) if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["sync/engines"] == 1 and r["sync/version"] == r["step"] for r in train)
+    assert (out / "final_model" / "config.json").is_file()
