@@ -80,7 +80,8 @@ def test_tp2_and_dp2_under_torchrun_match_one_process(tmp_path: Path) -> None:
         assert len([r for r in runs[name] if r["phase"] == "eval"]) == len(
             [r for r in runs["tp1"] if r["phase"] == "eval"])
         for key in ("train/loss", "train/grad_norm", "train/pg_loss"):
-            assert train[0][key] == pytest.approx(ref_train[0][key], rel=1e-5, abs=1e-7), (name, key)
+            # rel 1e-5; abs 1e-6 for a first-step GRPO loss that is ~0 (advantages sum to 0, ratio 1)
+            assert train[0][key] == pytest.approx(ref_train[0][key], rel=1e-5, abs=1e-6), (name, key)
         weights = _weights(tmp_path / name / "final_model")
         assert weights.keys() == ref_w.keys()
         diff = max(float((weights[k] - ref_w[k]).abs().max()) for k in ref_w)
