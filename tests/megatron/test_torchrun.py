@@ -109,3 +109,18 @@ def test_flagship_cpu_twin_runs(tmp_path: Path) -> None:
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["sync/engines"] == 1 and r["sync/version"] == r["step"] for r in train)
     assert (out / "final_model" / "config.json").is_file()
+
+
+@pytest.mark.slow  # two torchrun trainings of tiny models: ~4 min on a loaded 2-core box
+@pytest.mark.timeout(1200)
+def test_gpu_acceptance_dry_run_cpu(tmp_path: Path) -> None:
+    """bench/gpu_acceptance.sh --dry-run-cpu: every stage of the GPU script on CPU (tiny models,
+    embedded engine, gloo), the engine's logprobs within 1e-4 of the trainer's after a sync."""
+    env = {**os.environ, "GPU_ACCEPTANCE_TIMEOUT": "1100"}
+    proc = subprocess.run(["bash", str(ROOT / "bench" / "gpu_acceptance.sh"), "--dry-run-cpu", "--work",
+                           str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["dry_run_cpu"] and len(result["rows"]) == 2
+    for row in result["rows"]:
+        assert row["logprob_mismatch"] <= 1e-4 and row["step_s"] > 0 and row["sync_s"] > 0
