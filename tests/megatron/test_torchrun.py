@@ -34,14 +34,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(cfg: dict[str, Any], path: Path, nproc: int) -> subprocess.CompletedProcess[str]:
+def _run(cfg: dict[str, Any], path: Path, nproc: int, extra: list[str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = {**os.environ, "RELAX_MEGATRON_CPU_SHIM": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "relax_gym.cli.main", "train", str(path)]
+    cmd = [sys.executable, "-m", "relax_gym.cli.main", "train", str(path), *(extra or [])]
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "relax_gym.cli.main",
-               "train", str(path)]
+               "train", str(path), *(extra or [])]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -124,3 +125,43 @@ def test_gpu_acceptance_dry_run_cpu(tmp_path: Path) -> None:
     assert result["dry_run_cpu"] and len(result["rows"]) == 2
     for row in result["rows"]:
         assert row["logprob_mismatch"] <= 1e-4 and row["step_s"] > 0 and row["sync_s"] > 0
+
+
+@pytest.mark.slow  # two TP=2 torchrun runs: ~5 min on a loaded 2-core box
+@pytest.mark.timeout(1800)
+def test_tp2_run_cut_after_step_2_resumes_exactly(tmp_path: Path) -> None:
+    """A TP=2 run whose process group ended after step 2 resumes under torchrun from its last
+    checkpoint: step 3 trains the very samples and gives the very numbers of the uninterrupted
+    run (nothing lost or repeated)."""
+    import shutil
+
+    from relax_gym.trainer.models import build_tiny_model
+
+    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
+    cfg = _config(model, tmp_path / "full", steps=3)
+    cfg["warmup"]["enabled"] = False
+    cfg["megatron"] = {"tensor_parallel_size": 2}
+    full = _run(cfg, tmp_path / "full.yaml", nproc=2)
+    assert full.returncode == 0, full.stderr[-3000:]
+    cut = tmp_path / "cut"
+    shutil.copytree(tmp_path / "full", cut)
+    for name in ("step_000003",):
+        shutil.rmtree(cut / "checkpoints" / name)
+    (cut / "checkpoints" / "latest").write_text("step_000002", encoding="utf-8")
+    records = _records(tmp_path / "full")
+    kept = [json.dumps(r) for r in records if r["step"] <= 2]
+    (cut / "metrics.jsonl").write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    (cut / "samples" / "step_000003.jsonl").unlink()
+    cfg["output_dir"] = str(cut)
+    resumed = _run(cfg, tmp_path / "cut.yaml", nproc=2, extra=["--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a = next(r for r in records if r["phase"] == "train" and r["step"] == 3)
+    b = next(r for r in _records(cut) if r["phase"] == "train" and r["step"] == 3)
+    for key in ("train/loss", "train/grad_norm", "train/kl_ref", "rollout/reward_mean"):
+        assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-8), key
+
+    def responses(out: Path) -> list[str]:
+        lines = (out / "samples" / "step_000003.jsonl").read_text(encoding="utf-8").splitlines()
+        return [json.loads(line)["response"] for line in lines]
+
+    assert responses(tmp_path / "full") == responses(cut)
