@@ -14,8 +14,8 @@ then run locally, and every follower rank (:func:`follow`) runs the very same ca
   ``export_weights`` and the followers walk the same generator to its end, bucket by bucket, so
   no rank holds a second full copy of the model.
 
-Rank 0's calls are serialised by a lock (a generator holds it until it is exhausted), because
-the followers replay them one at a time. When rank 0 exits, normally or by an exception, it
+Rank 0's calls are serialised by a lock (a generator holds it until it is exhausted, in
+whichever thread resumes it), because the followers replay them one at a time. When rank 0 exits, normally or by an exception, it
 sends ``stop`` (``atexit``); when it dies, torchrun ends the other ranks. A follower waits at
 most ``megatron.follower_timeout_s`` for the next call (rollouts and evaluation run between
 calls); every collective inside a call has ``megatron.collective_timeout_s``.
@@ -24,6 +24,7 @@ calls); every collective inside a call has ``megatron.collective_timeout_s``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import threading
@@ -135,7 +136,9 @@ class SpmdBackend(TrainerBackend):
         self.local = local
         self.chan = chan
         self.handle = handle
-        self._lock = threading.RLock()
+        # a plain Lock: a generator may be resumed (and so release it) in another thread
+        self._lock = threading.Lock()
+        self._lock_timeout_s = float(getattr(getattr(local, "cfg", None), "collective_timeout_s", 600.0))
 
     # what the loop reads
     @property  # type: ignore[override]
@@ -147,17 +150,29 @@ class SpmdBackend(TrainerBackend):
         return self.local.updates
 
     def __getattr__(self, name: str) -> Any:  # micro_batch_size, optim_settings, model_path ...
-        if name in ("local", "chan", "handle", "_lock"):
+        if name in ("local", "chan", "handle", "_lock", "_lock_timeout_s"):
             raise AttributeError(name)
         return getattr(self.local, name)
 
+    @contextlib.contextmanager
+    def _turn(self, name: str) -> Iterator[None]:
+        """One call at a time, as the followers replay them; a call made while another is still
+        open (e.g. from inside an export walk) fails after the timeout instead of hanging."""
+        if not self._lock.acquire(timeout=self._lock_timeout_s):
+            raise RuntimeError(f"backend call {name!r} waited {self._lock_timeout_s:.0f} s for the previous "
+                               "call to finish (calls on a multi-process backend must not overlap)")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
+        with self._turn(name):
             self.chan.send(("call", self.handle, name, args, kwargs))
             return getattr(self.local, name)(*args, **kwargs)
 
     def _stream(self, name: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
-        with self._lock:  # held until the generator ends: the followers walk it in lockstep
+        with self._turn(name):  # held until the generator ends: the followers walk it in lockstep
             self.chan.send(("call", self.handle, name, args, kwargs))
             gen = getattr(self.local, name)(*args, **kwargs)
             finished = False
