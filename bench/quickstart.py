@@ -9,6 +9,9 @@ is written to ``<output_dir>/bench_quickstart.json``.
     python bench/quickstart.py                       # the full run (about 10 min on 2 cores)
     python bench/quickstart.py --config examples/quickstart.yaml -- train.steps=10
     python bench/quickstart.py --from-run runs/quickstart   # only summarise an existing run
+    python bench/quickstart.py --backends torch,megatron -- logging.progress=none
+        # the same run on each backend, one after the other (megatron on CPU with the debug
+        # shim), and one table comparing them
 """
 
 from __future__ import annotations
@@ -74,8 +77,12 @@ def main() -> int:
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--target", type=float, default=0.9, help="success the RL phase should reach")
     parser.add_argument("--from-run", default=None, help="summarise this finished run instead of training")
+    parser.add_argument("--backends", default=None,
+                        help="comma-separated backends to run in turn (e.g. torch,megatron) and compare")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the run (after --)")
     args = parser.parse_args()
+    if args.backends:
+        return compare_backends(args)
     if args.from_run:
         out_dir = Path(args.from_run)
     else:
@@ -95,6 +102,54 @@ def main() -> int:
     print(markdown(summary))
     print(json.dumps({k: v for k, v in summary.items() if k not in ("warmup_evals", "rl_evals")}, indent=2))
     return 0
+
+
+def run_backend(config_path: str, overrides: list[str], backend: str) -> tuple[int, float, Path]:
+    """One training run on ``backend`` in its own output folder: (exit code, wall s, folder)."""
+    from relax_gym.trainer.config import load_config
+
+    config = load_config(config_path, overrides)
+    out_dir = Path(str(config.out_dir) + f"_{backend}")
+    env = dict(os.environ)
+    if backend == "megatron":
+        import torch
+
+        if not torch.cuda.is_available():
+            env["RELAX_MEGATRON_CPU_SHIM"] = "1"  # megatron-core on a CPU-only torch
+    cmd = [sys.executable, "-m", "relax_gym.cli.main", "train", config_path, *overrides,
+           f"backend={backend}", f"output_dir={out_dir}"]
+    print("running:", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    code = subprocess.call(cmd, env=env)
+    wall = time.perf_counter() - start
+    print(f"{backend}: exit code {code} after {wall / 60:.1f} min", flush=True)
+    return code, wall, out_dir
+
+
+def compare_backends(args: argparse.Namespace) -> int:
+    """The same run on each backend in turn, and one comparison table."""
+    rows = ["| backend | wall-clock min | SFT steps | success at RL start | RL step of target | "
+            "min to target | final success | median RL step s (train phase s) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    failed = 0
+    for backend in args.backends.split(","):
+        code, wall, out_dir = run_backend(args.config, args.overrides, backend)
+        if code != 0:
+            failed = code
+            rows.append(f"| {backend} | {wall / 60:.2f} | failed (exit {code}) | | | | | |")
+            continue
+        summary = summarize(out_dir, args.target)
+        summary["wall_min"] = round(wall / 60, 2)
+        (out_dir / "bench_quickstart.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        print(markdown(summary), flush=True)
+        train_s = summary["median_phase_s"].get("train")
+        rows.append(
+            f"| {backend} | {wall / 60:.2f} | {summary['sft_steps']} | {summary['success_at_rl_start']} | "
+            f"{summary['target_reached_at_step']} | {summary['target_reached_at_min']} | "
+            f"{summary['final_success']} | {summary['median_rl_step_s']:.2f} ({train_s:.2f}) |"
+        )
+    print("\n".join(rows))
+    return failed
 
 
 if __name__ == "__main__":

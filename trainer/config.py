@@ -386,8 +386,22 @@ class TrainConfig(_Section):
             raise ValueError("algorithm.distill_coef > 0 needs teacher.url (the teacher engine that scores samples)")
         if self.eval.envs is not None and self.eval.suite is not None:
             raise ValueError("give eval.envs or eval.suite, not both")
+        if self.backend == "megatron":
+            self._megatron_checks()
         self._async_checks()
         return self
+
+    def _megatron_checks(self) -> None:
+        """The ``megatron:`` section against its own schema (torch-free), before anything starts."""
+        from pydantic import ValidationError
+
+        from relax_gym.trainer.backends.megatron.config import MegatronConfig
+
+        try:
+            MegatronConfig(**self.megatron)
+        except ValidationError as exc:
+            problems = "; ".join(f"megatron.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise ValueError(problems) from None
 
     def _async_checks(self) -> None:
         a = self.async_rl

@@ -10,6 +10,7 @@ The config's ``mode`` picks the runner: ``colocate`` runs the training core's lo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -51,8 +52,9 @@ def _override_after_resume(args: argparse.Namespace) -> None:
 
 def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
     """The exit status of a run that raised ``exc``, after one line on stderr: 2 for a missing
-    file, a bad config or a bad checkpoint, 3 (``env_errors.EXIT_CODE``) for the env error-rate
-    stop, also when a Ray actor raised them; None for anything else (a bug: let it propagate)."""
+    file, a bad config, a bad checkpoint or a backend that cannot start here (BackendSetupError),
+    3 (``env_errors.EXIT_CODE``) for the env error-rate stop, also when a Ray actor raised them;
+    None for anything else (a bug: let it propagate)."""
     from relax_gym.trainer.checkpoint import find_checkpoint_error
     from relax_gym.trainer.config import ConfigError
     from relax_gym.trainer.env_errors import EXIT_CODE, find_env_error_stop
@@ -60,6 +62,11 @@ def exit_code_of_failed_run(command: str, exc: Exception) -> int | None:
     bad: Exception | None = find_checkpoint_error(exc)
     if bad is None and isinstance(exc, (FileNotFoundError, ConfigError)):
         bad = exc
+    if bad is None:
+        from relax_gym.errors import find_cause
+        from relax_gym.trainer.backends import BackendSetupError
+
+        bad = find_cause(exc, BackendSetupError)
     if bad is not None:
         print(f"relax-gym {command}: {bad}", file=sys.stderr)
         return 2
@@ -90,6 +97,29 @@ def held_out_change(summary: RunSummary) -> str:
     return f"; held-out success {first:.2f} -> {final:.2f}"
 
 
+def launched_ranks() -> tuple[int, int] | None:
+    """(world size, rank) under a multi-process launcher (torchrun), else None."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (world, int(os.environ.get("RANK", "0"))) if world > 1 else None
+
+
+def follower(config: TrainConfig) -> int:
+    """A megatron rank > 0: replay rank 0's backend calls until it stops."""
+    import torch
+
+    from relax_gym.trainer.backends.megatron.spmd import follow
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return follow(config.megatron)
+    except Exception as exc:
+        code = exit_code_of_failed_run("train", exc)
+        if code is None:
+            raise
+        return code
+
+
 def run(args: argparse.Namespace) -> int:
     _override_after_resume(args)
     from relax_gym.trainer.config import ConfigError, check_envs, load_config
@@ -102,6 +132,16 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config.to_yaml(), end="")
         return 0
+    launched = launched_ranks()
+    if launched is not None:
+        world, rank = launched
+        if config.backend != "megatron":
+            print(f"relax-gym train: {world} processes were launched (WORLD_SIZE={world}) but backend "
+                  f"{config.backend!r} runs in one process; use backend=megatron or start one process",
+                  file=sys.stderr)
+            return 2
+        if rank != 0:  # megatron SPMD: rank 0 runs the loop, this rank replays its backend calls
+            return follower(config)
     try:
         check_envs(config)  # before any model loads, engine starts or Ray cluster comes up
     except ConfigError as exc:

@@ -509,17 +509,21 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
     backend = MegatronBackend(
         model_dir, micro_batch_size=len(batch), optimizer=OptimizerSettings(lr=1e-3)
     )
-    got = backend.compute_logprobs(batch)
     hf = Qwen3VLForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    diff = 0.0
-    for i, ids in enumerate(input_ids):
-        t = torch.tensor([ids])
-        extra: dict[str, Any] = dict(multimodal[i])
-        if extra:
-            extra["mm_token_type_ids"] = (t == hf_config.image_token_id).int()
-        ref_lp, _ = _hf_logprobs(hf, t, **extra)
-        mask = torch.tensor(loss_mask[i][1:], dtype=torch.float32)
-        diff = max(diff, float(((got.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+    diffs = {}
+    for layout in ("packed", "padded", "auto"):  # both exact layouts of a micro-batch
+        backend.cfg.micro_batch_layout = layout
+        got = backend.compute_logprobs(batch)
+        diff = 0.0
+        for i, ids in enumerate(input_ids):
+            t = torch.tensor([ids])
+            extra: dict[str, Any] = dict(multimodal[i])
+            if extra:
+                extra["mm_token_type_ids"] = (t == hf_config.image_token_id).int()
+            ref_lp, _ = _hf_logprobs(hf, t, **extra)
+            mask = torch.tensor(loss_mask[i][1:], dtype=torch.float32)
+            diff = max(diff, float(((got.logprobs[i][1:] - ref_lp[0]) * mask).abs().max()))
+        diffs[layout] = diff
     losses = [backend.train_step(batch, NLLObjective())["loss"] for _ in range(3)]
     saved = backend.save_pretrained(Path(work_dir) / "hf_out")
     again = Qwen3VLForConditionalGeneration.from_pretrained(str(saved), dtype=torch.float32)
@@ -530,7 +534,9 @@ def vl_backend_check(model_dir: str, image_paths: list[str], work_dir: str) -> R
     mask = torch.tensor(loss_mask[0][1:], dtype=torch.float32)
     return {
         "image_tokens": [sum(1 for x in ids if x == hf_config.image_token_id) for ids in input_ids],
-        "packed_vs_hf_max_diff": diff,
+        "packed_vs_hf_max_diff": diffs["packed"],
+        "padded_vs_hf_max_diff": diffs["padded"],
+        "auto_vs_hf_max_diff": diffs["auto"],
         "losses": losses,
         "version": backend.version,
         "export_logprob_max_diff": float(((after.logprobs[0][1:] - ref_lp[0]) * mask).abs().max()),
@@ -599,4 +605,50 @@ def update_policy_check(model_dir: str) -> Result:
                                            reference=recomputed_by(reference)))
         out[name] = {k: v for k, v in update.metrics.items() if k.startswith("train/")}
         out[name]["version"] = backend.version
+    return out
+
+
+#: one config per policy loss of trainer/algorithms/losses.py, each with a KL term, an entropy
+#: bonus and a rollout correction, so every term of compute_policy_loss is in the comparison
+PARITY_CONFIGS: dict[str, dict[str, Any]] = {
+    "grpo_ppo": {"policy_loss": "ppo"},
+    "gspo": {"policy_loss": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
+    "gspo_token": {"policy_loss": "gspo_token", "loss_agg_mode": "seq-mean-token-mean"},
+    "sapo": {"policy_loss": "sapo"},
+    "cispo": {"policy_loss": "cispo"},
+    "dr_grpo_sum_norm": {"policy_loss": "ppo", "loss_agg_mode": "seq-mean-token-sum-norm"},
+}
+
+
+def loss_parity_check(model_dir: str) -> Result:
+    """One identical train_step per loss on TorchBackend and MegatronBackend (TP=1), same
+    weights and batch: loss, grad norm and the loss's metrics. lr=0 keeps the weights equal
+    across the configs (the gradient is computed as usual)."""
+    from relax_gym.trainer.algorithms import AlgorithmConfig
+    from relax_gym.trainer.backends.base import OptimizerSettings, PolicyObjective
+    from relax_gym.trainer.backends.megatron.backend import MegatronBackend
+    from relax_gym.trainer.backends.pytorch import TorchBackend
+
+    settings = OptimizerSettings(lr=0.0, grad_clip=None)
+    torch_backend = TorchBackend(model_dir, micro_batch_size=6, optimizer=settings)
+    megatron = MegatronBackend(model_dir, micro_batch_size=2, optimizer=settings)
+    batch = grpo_batch(vocab=100)
+    current = torch_backend.compute_logprobs(batch).logprobs
+    gen = torch.Generator().manual_seed(3)
+
+    def near(rows: list[torch.Tensor], scale: float) -> list[torch.Tensor]:
+        return [r + scale * torch.randn(r.shape, generator=gen) for r in rows]
+
+    batch.old_logprobs = near(current, 0.05)  # ratios off 1: clipping and gates take part
+    batch.rollout_logprobs = near(current, 0.1)
+    batch.ref_logprobs = near(current, 0.2)
+    out: Result = {}
+    for name, extra in PARITY_CONFIGS.items():
+        config = AlgorithmConfig(kl_loss_coef=0.05, entropy_coef=0.01, rollout_correction="tis",
+                                 **extra)
+        objective = PolicyObjective(config)
+        out[name] = {
+            "torch": torch_backend.train_step(batch, objective),
+            "megatron": megatron.train_step(batch, objective),
+        }
     return out

@@ -91,6 +91,7 @@ def test_qwen3vl_single_process_debug_mode(tmp_path: Path) -> None:
     assert r["world_size"] == 1
     assert r["image_tokens"][0] != r["image_tokens"][1] and r["image_tokens"][2] == 0
     assert r["packed_vs_hf_max_diff"] < 1e-5
+    assert r["padded_vs_hf_max_diff"] < 1e-5 and r["auto_vs_hf_max_diff"] < 1e-5
     assert r["losses"][-1] < r["losses"][0] and r["version"] == 3
     assert r["export_logprob_max_diff"] < 1e-5
 

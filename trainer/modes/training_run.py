@@ -100,13 +100,13 @@ def rl_optimizer_settings(config: TrainConfig) -> OptimizerSettings:
 def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
     """The configured backend over ``model_path``, with the RL phase's optimizer."""
     if config.backend == "megatron":
-        try:
-            from relax_gym.trainer.backends.megatron.backend import MegatronBackend
+        try:  # one process, or rank 0 of a torchrun launch (the other ranks replay its calls)
+            from relax_gym.trainer.backends.megatron.spmd import make_megatron_backend
         except ImportError as exc:
             raise RuntimeError(f"backend 'megatron' is not available: {exc}") from None
-        return MegatronBackend(model_path, megatron=dict(config.megatron),
-                               micro_batch_size=config.train.micro_batch_size,
-                               optimizer=rl_optimizer_settings(config))
+        return make_megatron_backend(model_path, megatron=dict(config.megatron),
+                                     micro_batch_size=config.train.micro_batch_size,
+                                     optimizer=rl_optimizer_settings(config))
     from relax_gym.trainer.backends.pytorch import TorchBackend
 
     return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,

@@ -24,12 +24,14 @@ gradients, and ``finalize_model_grads`` is called without a token count.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -51,19 +53,27 @@ from relax_gym.trainer.backends.base import (
 )
 from relax_gym.trainer.backends.megatron.bridge import iter_hf_buckets, load_hf_weights, save_hf_folder
 from relax_gym.trainer.backends.megatron.config import (
+    MegatronBridgeError,
     MegatronConfig,
     bucket_bytes,
+    check_parallel_layout,
     dims_from_hf_config,
     transformer_config,
 )
 from relax_gym.trainer.backends.megatron.cpu_debug import on_any_thread
 from relax_gym.trainer.backends.megatron.model import build_gpt_model, init_model_parallel
-from relax_gym.trainer.backends.megatron.packing import PackedRow, pack_rows, pad_rows, token_logprobs
+from relax_gym.trainer.backends.megatron.packing import (
+    PackedRow,
+    layout_micro_batch,
+    pack_rows,
+    pad_rows,
+    token_logprobs,
+)
 from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
 from relax_gym.trainer.safe_state import one_line, read_json_model
 from torch import Tensor
 
-from relax_gym.errors import RelaxGymError
+from relax_gym.trainer.backends import BackendSetupError
 
 #: files copied from the source model folder next to exported weights (tokenizer, processor)
 SIDE_FILES = (
@@ -82,26 +92,29 @@ SIDE_FILES = (
 )
 
 
-class MegatronBackendError(RelaxGymError, RuntimeError):
+class MegatronBackendError(BackendSetupError):
     """The Megatron backend cannot load a model or a saved state."""
 
 
-def ensure_distributed() -> None:
+def ensure_distributed(timeout_s: float = 600.0) -> None:
     """Initialise ``torch.distributed`` if the launcher has not (single process: a world of 1).
 
     Under torchrun the ``env://`` variables are used. Otherwise a one-rank group binds a free
-    port on 127.0.0.1. NCCL on CUDA, gloo on CPU.
+    port on 127.0.0.1. NCCL on CUDA, gloo on CPU. Every collective of the group times out after
+    ``timeout_s`` (a dead rank makes the others raise instead of waiting forever).
     """
     if dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
         return
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timeout)
 
 
 def _finalize_grads_without_token_scaling(
@@ -116,6 +129,7 @@ def _finalize_grads_without_token_scaling(
 class MegatronBackend(TrainerBackend):
     """Qwen3 / Qwen3-VL trained with megatron-core; see the module docstring."""
 
+    @on_any_thread  # a second backend (the reference model) may be built in a worker thread
     def __init__(
         self,
         model_path: str | Path,
@@ -134,21 +148,31 @@ class MegatronBackend(TrainerBackend):
             raise MegatronBackendError(
                 f"{self.model_path}: not an HF model folder (no config.json)"
             )
-        self.cfg = (
-            megatron if isinstance(megatron, MegatronConfig) else MegatronConfig(**(megatron or {}))
-        )
+        try:
+            self.cfg = (
+                megatron if isinstance(megatron, MegatronConfig) else MegatronConfig(**(megatron or {}))
+            )
+        except ValueError as exc:
+            raise MegatronBackendError(f"megatron config: {one_line(exc)}") from None
         self.micro_batch_size = micro_batch_size
         self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
-        if not torch.cuda.is_available():
-            from relax_gym.trainer.backends.megatron import cpu_debug
+        from relax_gym.trainer.backends.megatron import cpu_debug
 
+        try:
+            cpu_debug.refuse_on_cuda()
+        except RuntimeError as exc:
+            raise MegatronBackendError(str(exc)) from None
+        if not torch.cuda.is_available():
             if not cpu_debug.enable_from_env():
                 raise MegatronBackendError(
                     "megatron-core needs a CUDA GPU; for a CPU test/debug run set "
                     f"{cpu_debug.ENV_FLAG}=1 (slow; not for real training)"
                 )
-        ensure_distributed()
-        init_model_parallel(self.cfg)
+        ensure_distributed(self.cfg.collective_timeout_s)
+        try:
+            init_model_parallel(self.cfg)
+        except MegatronBridgeError as exc:
+            raise MegatronBackendError(f"parallel layout: {exc}") from None
         self.device = (
             torch.device("cuda", torch.cuda.current_device())
             if torch.cuda.is_available()
@@ -156,7 +180,11 @@ class MegatronBackend(TrainerBackend):
         )
 
         self.hf_config = AutoConfig.from_pretrained(str(self.model_path))
-        self.dims = dims_from_hf_config(self.hf_config)
+        try:
+            self.dims = dims_from_hf_config(self.hf_config)
+            check_parallel_layout(self.dims, self.cfg)
+        except MegatronBridgeError as exc:
+            raise MegatronBackendError(f"{self.model_path}: {exc}") from None
         self.is_vision = self.dims.mrope_section is not None
         source = SafetensorsSource(self.model_path)
         self._vision: dict[str, int] | None = None
@@ -244,10 +272,12 @@ class MegatronBackend(TrainerBackend):
         for local in micro_batches(sub, size):
             global_rows = [rows[i] for i in local]
             out.append(
-                pack_rows(
+                layout_micro_batch(
                     batch.input_ids,
                     global_rows,
                     batch.multimodal,
+                    hidden_size=self.dims.hidden_size,
+                    layout=self.cfg.micro_batch_layout,
                     vision=self._vision,
                     device=self.device,
                 )
@@ -280,7 +310,7 @@ class MegatronBackend(TrainerBackend):
             model=[self.ddp],
             num_microbatches=len(packed),
             seq_length=max(p.num_tokens for p in packed),
-            micro_batch_size=1,
+            micro_batch_size=max(p.batch_rows for p in packed),
             forward_only=forward_only,
         )
 
@@ -408,6 +438,11 @@ class MegatronBackend(TrainerBackend):
             )
         return {k: float(v) for k, v in acc.items()}
 
+    @on_any_thread
+    def configure_optimizer(self, settings: OptimizerSettings) -> None:
+        super().configure_optimizer(settings)
+
+    @on_any_thread
     def export_weights(self, bucket_bytes: int = 256 << 20) -> Iterator[NamedTensors]:
         """HF-named full tensors in buckets (collective over TP x PP; see bridge.iter_hf_buckets)."""
         yield from iter_hf_buckets(self.gpt, self.dims, bucket_bytes=bucket_bytes)
@@ -451,7 +486,8 @@ class MegatronBackend(TrainerBackend):
         dist.barrier()
         state = {"model": self.module.sharded_state_dict()}
         state["optimizer"] = self.optimizer.sharded_state_dict(state["model"])
-        dist_checkpointing.save(state, str(ckpt))
+        with _children_allowed():
+            dist_checkpointing.save(state, str(ckpt))
         if dist.get_rank() == 0:
             meta = {
                 "version": self.version,
@@ -490,6 +526,25 @@ class MegatronBackend(TrainerBackend):
             raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({one_line(exc)[:300]})") from None
         self.updates = meta.updates
         self.version = meta.version
+
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let a daemonic process (the async modes' learner process) start child processes for the
+    duration: megatron's distributed-checkpoint writer forks its writers (and a spawn-mode
+    results queue) and joins the writers before ``save`` returns. Python refuses children of a
+    daemonic process outright ("daemonic processes are not allowed to have children")."""
+    import multiprocessing
+
+    config = multiprocessing.current_process()._config  # noqa: SLF001 - the flag the check reads
+    daemon = config.get("daemon")
+    if daemon:
+        config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon:
+            config["daemon"] = daemon
 
 
 class _SavedMeta(BaseModel):

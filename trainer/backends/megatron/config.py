@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from relax_gym.errors import RelaxGymError
@@ -23,11 +22,8 @@ class MegatronBridgeError(RelaxGymError, ValueError):
 
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+if TYPE_CHECKING:  # validating a training config must not import torch
+    import torch
 
 
 class MegatronConfig(BaseModel):
@@ -51,10 +47,26 @@ class MegatronConfig(BaseModel):
     distributed_optimizer: bool = Field(
         False, description="Shard the optimizer state over data-parallel ranks (ZeRO-1)."
     )
+    micro_batch_layout: Literal["auto", "packed", "padded"] = Field(
+        "auto",
+        description="packed: one row per micro-batch with a block-causal mask; padded: [b, S_max] "
+        "rows; auto: the cheaper of the two for each micro-batch (packing.layout_cost).",
+    )
+    collective_timeout_s: float = Field(
+        600.0, gt=0, description="Timeout of every collective; a dead rank ends the others."
+    )
+    follower_timeout_s: float = Field(
+        3600.0, gt=0,
+        description="Under torchrun: how long ranks > 0 wait for rank 0's next backend call "
+        "(rollouts and evaluation run between calls).",
+    )
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.params_dtype]
+        import torch
+
+        dtype: torch.dtype = getattr(torch, self.params_dtype)
+        return dtype
 
     @property
     def model_parallel_size(self) -> int:
@@ -180,6 +192,7 @@ def transformer_config(dims: ModelDims, cfg: MegatronConfig) -> Any:
     Fusions are off: they need Apex/TE kernels, and the unfused path is the one whose numerics
     match Hugging Face's eager implementation.
     """
+    import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 

@@ -12,15 +12,17 @@ to start where CUDA is available, so it can never sit on the GPU path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
+import inspect
 import os
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.autograd.function import BackwardCFunction
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 
 def _is_cuda_device(device: Any) -> bool:
@@ -72,7 +74,6 @@ _PATCHES: dict[str, Any] = {
 ENV_FLAG = "RELAX_MEGATRON_CPU_SHIM"
 _active = 0
 _process_wide: contextlib.ExitStack | None = None
-_thread = threading.local()  # torch keeps function modes per thread
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -91,6 +92,8 @@ def megatron_on_cpu() -> Iterator[None]:
     saved = {name: getattr(torch.cuda, name) for name in _PATCHES}
     for name, fn in _PATCHES.items():
         setattr(torch.cuda, name, fn)
+    backward_apply = BackwardCFunction.apply
+    BackwardCFunction.apply = _backward_under_shim(backward_apply)  # type: ignore[method-assign]
     _active += 1
     try:
         with _mode_in_this_thread():
@@ -98,21 +101,32 @@ def megatron_on_cpu() -> Iterator[None]:
             yield
     finally:
         _active -= 1
+        BackwardCFunction.apply = backward_apply  # type: ignore[method-assign]
         for name, fn in saved.items():
             setattr(torch.cuda, name, fn)
 
 
+def _backward_under_shim(apply: Callable[..., Any]) -> Callable[..., Any]:
+    """The autograd engine runs a Python ``Function.backward`` without the caller's function
+    modes, and megatron's TP mappings allocate on ``torch.cuda.current_device()`` there (the
+    reduce-scatter behind an all-gather, e.g. attention with fewer key/value heads than TP)."""
+
+    @functools.wraps(apply)
+    def wrapper(self: Any, *args: Any) -> Any:
+        with _mode_in_this_thread():
+            return apply(self, *args)
+
+    return wrapper
+
+
 @contextlib.contextmanager
 def _mode_in_this_thread() -> Iterator[None]:
-    if getattr(_thread, "inside", False):
+    """Push the mode unless it is on this thread's stack already."""
+    if any(isinstance(m, CudaToCpuMode) for m in _get_current_function_mode_stack()):
         yield
         return
-    _thread.inside = True
-    try:
-        with CudaToCpuMode():
-            yield
-    finally:
-        _thread.inside = False
+    with CudaToCpuMode():
+        yield
 
 
 def on_any_thread(method: _F) -> _F:
@@ -121,6 +135,9 @@ def on_any_thread(method: _F) -> _F:
     The torch-function mode is per thread, and the training loop calls the backend from worker
     threads (``asyncio.to_thread``); the ``torch.cuda`` patches are process-wide already.
     """
+
+    if inspect.isgeneratorfunction(method):
+        return _generator_on_any_thread(method)
 
     @functools.wraps(method)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -132,6 +149,38 @@ def on_any_thread(method: _F) -> _F:
     return wrapper  # type: ignore[return-value]
 
 
+def _generator_on_any_thread(method: _F) -> _F:
+    """A generator resumes in whichever thread calls ``next()``: each resumption enters the
+    shim on its own (a mode held open across a ``yield`` would leak into the caller's stack)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        gen = method(*args, **kwargs)
+        while True:
+            if is_active():
+                with _mode_in_this_thread():
+                    try:
+                        item = next(gen)
+                    except StopIteration:
+                        return
+            else:
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    return
+            yield item
+
+    return wrapper  # type: ignore[return-value]
+
+
+def refuse_on_cuda() -> None:
+    """The switch asked for on a machine with CUDA is a mistake: say so in one line."""
+    if os.environ.get(ENV_FLAG) == "1" and torch.cuda.is_available():
+        raise RuntimeError(
+            f"{ENV_FLAG}=1 asks for the CPU debug shim, but CUDA is available: unset it to train on the GPU"
+        )
+
+
 def enable_from_env() -> bool:
     """Enter the shim for the rest of the process if ``RELAX_MEGATRON_CPU_SHIM=1``; True if on."""
     global _process_wide
@@ -141,4 +190,5 @@ def enable_from_env() -> bool:
         return False
     _process_wide = contextlib.ExitStack()
     _process_wide.enter_context(megatron_on_cpu())
+    atexit.register(_process_wide.close)  # before module teardown, not in the garbage collector
     return True

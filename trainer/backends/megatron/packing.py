@@ -1,10 +1,17 @@
-"""Pack variable-length sequences into one row, and map per-token values back.
+"""Lay a micro-batch out for the model (packed or padded), and map per-token values back.
 
-A micro-batch's sequences are concatenated into a single ``[1, S]`` row (no padding). Each
-sequence keeps its own positions (restarting at 0; Qwen3-VL: its own 3-D mRoPE positions), and
-a block-diagonal causal mask stops attention across sequence boundaries, so every token sees
-exactly the context it would see alone. megatron-core's THD packing needs Transformer Engine
-attention; this block mask works with the local ``DotProductAttention`` on any device.
+Two layouts, both exact (every token sees exactly the context it would see alone):
+
+* **packed** -- the sequences are concatenated into a single ``[1, S]`` row (no padding). Each
+  sequence keeps its own positions (restarting at 0; Qwen3-VL: its own 3-D mRoPE positions), and
+  a block-diagonal causal mask stops attention across sequence boundaries. megatron-core's THD
+  packing needs Transformer Engine attention; this block mask works with the local
+  ``DotProductAttention`` on any device, but its attention cost is ``(sum of lengths)^2``.
+* **padded** -- ``[b, S_max]`` rows, right-padded, with a causal mask that also blocks the pad
+  keys: no token is wasted on the block mask's cross-sequence scores, but pads go through the
+  linear layers.
+
+:func:`layout_micro_batch` picks the cheaper one from the lengths and the hidden size.
 
 Alignment follows ``relax_gym.trainer.backends.base``: the value at position ``t`` of a sequence is
 about token ``t`` (its logprob is ``log p(ids[t] | ids[:t])``), and position 0 gets 0.
@@ -31,10 +38,16 @@ class PackedRow:
     attention_mask: Tensor  # bool [1, 1, S, S], True = blocked
     multimodal: dict[str, Tensor] = field(default_factory=dict)
     weight: float = 1.0  # 0 for a placeholder micro-batch that must not move the weights
+    padded: bool = False  # [b, S_max] rows (one sequence each) instead of one packed row
 
     @property
     def num_tokens(self) -> int:
-        return sum(self.lengths)
+        """The sequence dimension the model sees."""
+        return max(self.lengths) if self.padded else sum(self.lengths)
+
+    @property
+    def batch_rows(self) -> int:
+        return len(self.lengths) if self.padded else 1
 
 
 def block_causal_mask(lengths: list[int], device: torch.device | str = "cpu") -> Tensor:
@@ -63,29 +76,8 @@ def pack_rows(
     """
     lengths = [len(input_ids[r]) for r in rows]
     ids = torch.tensor([t for r in rows for t in input_ids[r]], dtype=torch.long)[None]
-    mm: dict[str, Tensor] = {}
-    if vision is None:
-        positions = torch.cat([torch.arange(n) for n in lengths])[None]
-    else:
-        parts = []
-        for r in rows:
-            seq = torch.tensor(input_ids[r], dtype=torch.long)[None]
-            grid = multimodal[r].get("image_grid_thw")
-            parts.append(
-                mrope_position_ids(
-                    seq, vision["image_token_id"], grid, vision["spatial_merge_size"]
-                )
-            )
-        positions = torch.cat(parts, dim=-1)
-        for key in ("pixel_values", "image_grid_thw"):
-            values = [multimodal[r][key] for r in rows if key in multimodal[r]]
-            if values:
-                mm[key] = torch.cat(values, dim=0).to(device)
-        unknown = {k for r in rows for k in multimodal[r]} - {"pixel_values", "image_grid_thw"}
-        if unknown:
-            raise ValueError(
-                f"unsupported multimodal inputs for Megatron Qwen3-VL: {sorted(unknown)}"
-            )
+    positions = torch.cat(_positions(input_ids, rows, multimodal, vision), dim=-1)
+    mm = _images(rows, multimodal, device) if vision is not None else {}
     return PackedRow(
         rows=list(rows),
         lengths=lengths,
@@ -96,14 +88,121 @@ def pack_rows(
     )
 
 
+def _positions(
+    input_ids: list[list[int]], rows: list[int], multimodal: list[dict[str, Tensor]],
+    vision: dict[str, int] | None,
+) -> list[Tensor]:
+    """Each sequence's own position ids: ``[1, n]`` (text) or ``[3, 1, n]`` (Qwen3-VL)."""
+    if vision is None:
+        return [torch.arange(len(input_ids[r]))[None] for r in rows]
+    return [
+        mrope_position_ids(
+            torch.tensor(input_ids[r], dtype=torch.long)[None],
+            vision["image_token_id"],
+            multimodal[r].get("image_grid_thw"),
+            vision["spatial_merge_size"],
+        )
+        for r in rows
+    ]
+
+
+def _images(
+    rows: list[int], multimodal: list[dict[str, Tensor]], device: torch.device | str
+) -> dict[str, Tensor]:
+    unknown = {k for r in rows for k in multimodal[r]} - {"pixel_values", "image_grid_thw"}
+    if unknown:
+        raise ValueError(f"unsupported multimodal inputs for Megatron Qwen3-VL: {sorted(unknown)}")
+    mm: dict[str, Tensor] = {}
+    for key in ("pixel_values", "image_grid_thw"):
+        values = [multimodal[r][key] for r in rows if key in multimodal[r]]
+        if values:
+            mm[key] = torch.cat(values, dim=0).to(device)
+    return mm
+
+
+def pad_batch(
+    input_ids: list[list[int]],
+    rows: list[int],
+    multimodal: list[dict[str, Tensor]],
+    *,
+    vision: dict[str, int] | None = None,
+    device: torch.device | str = "cpu",
+) -> PackedRow:
+    """``input_ids[r]`` for ``r`` in ``rows`` as right-padded ``[b, S_max]`` rows.
+
+    The mask (bool ``[b, 1, S, S]``, True = blocked) is causal and blocks every pad key, so a
+    real token attends exactly its own prefix; pad queries see their row's tokens (never a row
+    of all-blocked scores). Images are concatenated in row order, which is the order of their
+    ``<|image_pad|>`` runs in the flattened ``[b, S]`` batch.
+    """
+    lengths = [len(input_ids[r]) for r in rows]
+    width = max(lengths)
+    pad_id = 0 if not vision or vision["image_token_id"] != 0 else 1
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : lengths[i]] = torch.tensor(input_ids[r], dtype=torch.long)
+    parts = _positions(input_ids, rows, multimodal, vision)
+    positions = torch.cat(
+        [torch.nn.functional.pad(p, (0, width - p.shape[-1])) for p in parts], dim=-2
+    )
+    key_pad = torch.arange(width)[None, :] >= torch.tensor(lengths)[:, None]  # [b, S]
+    future = torch.ones(width, width, dtype=torch.bool).triu(1)
+    mask = future[None, None] | key_pad[:, None, None, :]
+    return PackedRow(
+        rows=list(rows),
+        lengths=lengths,
+        input_ids=ids.to(device),
+        position_ids=positions.to(device),
+        attention_mask=mask.to(device),
+        multimodal=_images(rows, multimodal, device) if vision is not None else {},
+        padded=True,
+    )
+
+
+def layout_cost(lengths: list[int], hidden_size: int, *, padded: bool) -> int:
+    """Relative compute of a micro-batch: ~6h per token through the linear layers (weights
+    ~24h^2 flops, attention ~4h per score) plus the attention scores the mask computes."""
+    if padded:
+        tokens, scores = len(lengths) * max(lengths), len(lengths) * max(lengths) ** 2
+    else:
+        tokens, scores = sum(lengths), sum(lengths) ** 2
+    return 6 * hidden_size * tokens + scores
+
+
+def layout_micro_batch(
+    input_ids: list[list[int]],
+    rows: list[int],
+    multimodal: list[dict[str, Tensor]],
+    *,
+    hidden_size: int,
+    layout: str = "auto",
+    vision: dict[str, int] | None = None,
+    device: torch.device | str = "cpu",
+) -> PackedRow:
+    """``rows`` laid out as ``layout`` says (``packed``, ``padded``, or ``auto``: the cheaper
+    one by :func:`layout_cost`); both are exact."""
+    lengths = [len(input_ids[r]) for r in rows]
+    padded = layout == "padded" or (
+        layout == "auto"
+        and len(rows) > 1
+        and layout_cost(lengths, hidden_size, padded=True)
+        < layout_cost(lengths, hidden_size, padded=False)
+    )
+    if padded:
+        return pad_batch(input_ids, rows, multimodal, vision=vision, device=device)
+    return pack_rows(input_ids, rows, multimodal, vision=vision, device=device)
+
+
 def token_logprobs(
     packed: PackedRow, logits: Tensor, *, entropy: bool, temperature: float = 1.0
 ) -> tuple[list[Tensor], list[Tensor] | None]:
     """Per-sequence token-aligned logprobs (and entropies) from vocab-parallel ``logits``.
 
-    ``logits``: ``[1, S, vocab/tp]`` of the packed row. Sequence starts (whose "prediction"
-    would come from the previous sequence) get 0.
+    ``logits``: ``[1, S, vocab/tp]`` of the packed row (``[b, S, vocab/tp]`` padded). Sequence
+    starts (whose "prediction" would come from the previous sequence) get 0.
     """
+    if packed.padded:
+        return _padded_token_logprobs(packed, logits, entropy=entropy, temperature=temperature)
     ids = packed.input_ids[0]
     labels = torch.roll(ids, shifts=-1)  # position p predicts token p + 1
     lp, ent = vocab_parallel_logprobs(
@@ -122,6 +221,27 @@ def token_logprobs(
             out_ent.append(ent_tok[start : start + n] * keep)
         start += n
     return out_lp, (out_ent if ent_tok is not None else None)
+
+
+def _padded_token_logprobs(
+    packed: PackedRow, logits: Tensor, *, entropy: bool, temperature: float
+) -> tuple[list[Tensor], list[Tensor] | None]:
+    b, width = packed.input_ids.shape
+    labels = torch.roll(packed.input_ids, shifts=-1, dims=1)
+    lp, ent = vocab_parallel_logprobs(
+        logits.reshape(b * width, -1), labels.reshape(-1), with_entropy=entropy,
+        temperature=temperature,
+    )
+    lp = lp.reshape(b, width)
+    ent = ent.reshape(b, width) if ent is not None else None
+    out_lp, out_ent = [], []
+    for i, n in enumerate(packed.lengths):
+        keep = torch.ones(n, dtype=lp.dtype, device=lp.device)
+        keep[0] = 0.0
+        out_lp.append(torch.cat([lp.new_zeros(1), lp[i, : n - 1]]) * keep)
+        if ent is not None:
+            out_ent.append(torch.cat([ent.new_zeros(1), ent[i, : n - 1]]) * keep)
+    return out_lp, (out_ent if ent is not None else None)
 
 
 def pad_rows(values: list[Tensor], width: int) -> Tensor:
