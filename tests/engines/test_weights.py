@@ -116,7 +116,8 @@ async def test_update_waits_for_running_requests_or_aborts_them(
         await asyncio.wait_for(update, 60)
         # The update waited for the request, which drained on the old weights.
         assert finished.finish_type == "length"
-        assert finished.meta_info.output_weight_versions == [[v0, 400]]  # type: ignore[attr-defined]
+        spans = finished.meta_info.weight_versions or []
+        assert [(s.version, s.start, s.end) for s in spans] == [(v0, 0, 400)]
 
         running = asyncio.create_task(client.generate(long.model_copy(update={"rid": "to-abort"})))
         await wait_for_tokens(engine.url, 5)
@@ -148,9 +149,12 @@ async def test_update_while_paused_in_place_mixes_versions(
         out = await asyncio.wait_for(task, 60)
         await restore(client, scripted_qwen3)
     assert reply.num_paused_requests == 1
-    runs = out.meta_info.output_weight_versions  # type: ignore[attr-defined]
-    assert [v for v, _ in runs] == [v0, "mid"] and sum(n for _, n in runs) == 400
+    spans = out.meta_info.weight_versions or []  # SGLang's spans [start, end) over output_ids
+    assert [s.version for s in spans] == [v0, "mid"]
+    assert spans[0].start == 0 and spans[0].end == spans[1].start and spans[1].end == 400
     assert out.meta_info.weight_version == "mid"
+    cut = spans[0].end
+    assert out.meta_info.token_versions(400) == [v0] * cut + ["mid"] * (400 - cut)
 
 
 async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProcess, tmp_path: Path) -> None:

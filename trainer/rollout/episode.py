@@ -559,17 +559,10 @@ class EpisodeRunner:
 
 
 def _token_versions(reply: GenerateResponse, n: int) -> list[int]:
-    """Per-token weight versions: the embedded engine's run-length ``output_weight_versions``
-    when present (a request can span an in-place update), else the reply's ``weight_version``."""
-    runs = getattr(reply.meta_info, "output_weight_versions", None)
-    if isinstance(runs, list):
-        out: list[int] = []
-        for item in runs:
-            if isinstance(item, (list, tuple)) and len(item) == 2:
-                out.extend([parse_weight_version(item[0])] * int(item[1]))
-        if len(out) == n:
-            return out
-    return [parse_weight_version(reply.meta_info.weight_version)] * n
+    """Per-token weight versions from SGLang's ``meta_info.weight_versions`` spans (a request
+    paused in place can span an update: tokens sampled before it keep the older version), else
+    the reply's ``weight_version`` for every token."""
+    return [parse_weight_version(v) for v in reply.meta_info.token_versions(n)]
 
 
 def _tool_calls(info: dict[str, Any]) -> list[ToolCall]:
