@@ -404,3 +404,16 @@ def test_chat_reply_parses_as_ours(text_engine: EmbeddedEngineProcess) -> None:
     entries = data["choices"][0]["logprobs"]["content"]
     assert entries and all(e["top_logprobs"] == [] for e in entries)
     assert data["metadata"]["weight_versions"][0]["start"] == 0
+
+
+@pytest.mark.slow
+def test_preflight_runs_sglang_parser_before_a_launch() -> None:
+    """What `engine.kind: sglang` runs before any server starts: version and flags, one line."""
+    from relax_gym.trainer.engines.launch import ServerStartError
+    from relax_gym.trainer.engines.sglang_launcher import preflight
+
+    env = {"PYTHONPATH": str(sglang_real.sglang_dir().parent)}  # type: ignore[union-attr]
+    assert preflight(SGLangOptions(model="/m", tp=2, env=env), need_gpu=False) >= "0.5.23"
+    with pytest.raises(ServerStartError, match="rejects the launch flags.*--no-such-flag") as info:
+        preflight(SGLangOptions(model="/m", extra_args=["--no-such-flag"], env=env), need_gpu=False)
+    assert "\n" not in str(info.value)
