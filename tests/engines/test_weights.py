@@ -186,11 +186,14 @@ async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProc
                 ),
                 (
                     UpdateWeightsFromTensorRequest(serialized_named_tensors=["eA=="], load_format="direct"),
-                    "never pickles",
+                    "never unpickles",
                 ),
+                # SGLang's default form: no load_format at all (pickled items, one per TP rank)
+                ({"serialized_named_tensors": ["eA=="]}, "load_format None is not accepted"),
             ]
             for body, fragment in bad_items:
-                resp = await http.post("/update_weights_from_tensor", json=body.model_dump(exclude_none=True))
+                payload = body if isinstance(body, dict) else body.model_dump(exclude_none=True)
+                resp = await http.post("/update_weights_from_tensor", json=payload)
                 assert resp.status_code == 400, resp.text
                 assert fragment in resp.text, (fragment, resp.text)
         after = await probe(client)

@@ -532,6 +532,9 @@ class _InfoRoutes:
                 "is_generation": True,
                 "weight_version": self.engine.weight_version,
                 "served_model_name": self.cfg.served_model_name,
+                "load_format": "safetensors",
+                "reasoning_parser": self.cfg.reasoning_parser,
+                "tool_call_parser": "qwen25",  # the <tool_call> JSON blocks of tool_calls.py
                 "has_image_understanding": runner.is_vision,
                 "max_context_length": runner.max_context,
                 "vocab_size": runner.vocab_size,
@@ -676,12 +679,21 @@ class _WeightRoutes:
         return reply
 
     async def from_tensor(self, request: Request) -> Response:
-        req = await self.service.parse(request, UpdateWeightsFromTensorRequest)
-        if req.load_format not in (None, "safetensors"):
+        data: dict[str, Any] = {}
+
+        def keep(raw: dict[str, Any]) -> None:
+            data.update(load_format=raw.get("load_format"))
+
+        req = await self.service.parse(request, UpdateWeightsFromTensorRequest, keep)
+        # SGLang's own items (load_format absent/None, "direct" or "flattened_bucket") are pickles
+        # carrying CUDA IPC handles: only a process on the same GPUs can make them, and
+        # unpickling a request body would let the caller run code here
+        if data["load_format"] != "safetensors":
             raise HTTPError(
                 400,
-                f"load_format {req.load_format!r} is not accepted: the embedded engine takes "
-                "base64 safetensors blobs (load_format='safetensors'), never pickles",
+                f"load_format {data['load_format']!r} is not accepted: SGLang's serialized tensors are pickles with "
+                "CUDA IPC handles, which the embedded engine never unpickles; send base64 safetensors blobs with "
+                "load_format='safetensors' (relax-gym's tensor transport does)",
             )
         named = await run_in_threadpool(
             lambda: [nt for item in req.serialized_named_tensors for nt in decode_named_tensors(item)]
