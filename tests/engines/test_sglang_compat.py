@@ -417,3 +417,67 @@ def test_preflight_runs_sglang_parser_before_a_launch() -> None:
     with pytest.raises(ServerStartError, match="rejects the launch flags.*--no-such-flag") as info:
         preflight(SGLangOptions(model="/m", extra_args=["--no-such-flag"], env=env), need_gpu=False)
     assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# the table in docs/engine.md, generated from what these tests see
+# ------------------------------------------------------------------------------------------------
+DOC = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
+BEGIN, END = "<!-- sglang-table:begin -->", "<!-- sglang-table:end -->"
+ROUTES = ["/generate", "/model_info", "/server_info", "/get_model_info", "/get_server_info", "/health",
+          "/health_generate", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model:path}",
+          "/abort_request", "/pause_generation", "/continue_generation", "/flush_cache",
+          "/update_weights_from_disk", "/update_weights_from_tensor", "/init_weights_update_group",
+          "/update_weights_from_distributed", "/destroy_weights_update_group", "/update_weight_version",
+          "/get_load", "/get_weight_version"]
+
+
+def protocol_table(embedded_meta: set[str], embedded_routes: set[str]) -> str:
+    """Markdown: route or meta_info field | real SGLang 0.5.23 | embedded engine | client reads it."""
+    import inspect
+
+    import relax_gym.protocol as protocol
+    from relax_gym.protocol import MetaInfo
+
+    api = sglang_real.api_types()
+    server_src = (sglang_real.sglang_dir() / "srt" / "entrypoints" / "http_server.py").read_text()  # type: ignore[operator]
+    client_src = inspect.getsource(protocol.EngineClient)
+    real_meta = set(api.GenerateMetaInfo.__struct_fields__) | {"num_retractions", "e2e_latency"}
+    yes = {True: "yes", False: "no"}
+    rows = ["| route / `meta_info` field | real SGLang 0.5.23 | embedded engine | client reads it |",
+            "| --- | --- | --- | --- |"]
+    for route in ROUTES:
+        real = f'"{route}"' in server_src
+        rows.append(f"| `{route}` | {yes[real]} | {yes[route in embedded_routes]} | "
+                    f"{yes[f'{chr(34)}{route}{chr(34)}' in client_src]} |")
+    for key in sorted(real_meta | embedded_meta):
+        rows.append(f"| `meta_info.{key}` | {yes[key in real_meta]} | {yes[key in embedded_meta]} | "
+                    f"{yes[key in MetaInfo.model_fields]} |")
+    return "\n".join(rows)
+
+
+def test_protocol_table_in_docs_is_current(text_engine: EmbeddedEngineProcess) -> None:
+    """docs/engine.md carries this table; RELAX_GYM_WRITE_TABLE=1 rewrites it."""
+    import os
+
+    replies = asyncio.run(_embedded_replies(text_engine.url))
+    meta = set(replies["plain"]["meta_info"]) | set(replies["logprobs"]["meta_info"])
+    table = protocol_table(meta, embedded_route_paths())
+    text = DOC.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    if os.environ.get("RELAX_GYM_WRITE_TABLE") == "1":
+        DOC.write_text(text[:start] + "\n" + table + "\n" + text[end:])
+        return
+    assert text[start:end].strip() == table, "docs/engine.md's table is stale: rerun with RELAX_GYM_WRITE_TABLE=1"
+
+
+def embedded_route_paths() -> set[str]:
+    """The embedded engine's routes, from its own route table (no engine needed)."""
+    import inspect
+
+    from relax_gym.trainer.engines import server
+
+    src = inspect.getsource(server._route_table)
+    found = {line.split('"')[1] for line in src.splitlines() if line.strip().startswith('("/')}
+    found |= {server.WEIGHT_TENSOR_ROUTE} if hasattr(server, "WEIGHT_TENSOR_ROUTE") else set()
+    return found | {"/health"}
