@@ -342,7 +342,8 @@ class ChatToolCall(_Model):
 class ChatMessage(_Model):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning_content: str | None = None  # SGLang's name
+    reasoning: str | None = None  # vLLM's name (0.32)
     tool_calls: list[ChatToolCall] | None = None
 
 
@@ -635,6 +636,15 @@ class EngineClient:
     async def model_info(self) -> ModelInfo:
         """``GET /model_info`` (falls back to ``/get_model_info``)."""
         return ModelInfo.model_validate(await self._info("/model_info", "/get_model_info", self.control_timeout_s))
+
+    async def served_models(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (empty when the route is missing or unreadable)."""
+        try:
+            data = await self._request("GET", "/v1/models", timeout_s=self.control_timeout_s)
+        except EngineError:
+            return []
+        items = data.get("data") if isinstance(data, dict) else None
+        return [str(m["id"]) for m in items or [] if isinstance(m, dict) and "id" in m]
 
     async def flush_cache(self) -> None:
         await self._request("POST", "/flush_cache", timeout_s=self.control_timeout_s)

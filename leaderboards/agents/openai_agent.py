@@ -78,6 +78,9 @@ class OpenAIAgent(Agent):
                 self._server_models = [str(m.get("id")) for m in resp.json().get("data", [])]
             except (ValueError, AttributeError):
                 self._server_models = []
+        if self.options.model is None and len(self._server_models) == 1:
+            # vLLM and hosted servers answer 404 to "default": use the one model the server lists
+            self.model = self._server_models[0]
 
     def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
         return _OpenAISession(self, env, episode)
@@ -136,8 +139,9 @@ class _OpenAISession(AgentSession):
         msg = reply.choices[0].message
         raw = msg.content or ""
         text, reasoning = split_thinking(raw)
-        if msg.reasoning_content:
-            reasoning = msg.reasoning_content if reasoning is None else f"{msg.reasoning_content}\n{reasoning}"
+        served = msg.reasoning_content or msg.reasoning  # SGLang's field, vLLM's field
+        if served:
+            reasoning = served if reasoning is None else f"{served}\n{reasoning}"
         calls, errors = tool_calls_from_reply(msg.tool_calls)
         history_item: dict[str, Any] = {"role": "assistant", "content": text}
         if msg.tool_calls:

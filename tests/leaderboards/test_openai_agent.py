@@ -127,7 +127,7 @@ def test_api_key_and_reachability_are_checked_before_any_episode(tmp_path: Path)
             env_ids=["lbtest/Pick-v0"],
             episodes=2,
         )
-        assert ok.summary["complete"] and all(r["model"] == "default" for r in server.requests)
+        assert ok.summary["complete"] and all(r["model"] == "scripted" for r in server.requests)  # the one listed model
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -147,3 +147,23 @@ def test_tool_call_conversion_and_api_base() -> None:
     assert [(c.name, c.arguments, c.id) for c in calls] == [("f", {"x": 1}, "a"), ("h", {}, "call_2")]
     assert len(errors) == 1 and "JSON object" in errors[0]
     assert api_base("http://h:1/v1/") == api_base("http://h:1") == "http://h:1"
+
+
+def test_vllm_shapes_single_model_and_reasoning_field(tmp_path: Path) -> None:
+    """No --model: the agent uses the one model /v1/models lists (vLLM 404s "default"), and reads
+    vLLM's `reasoning` field."""
+    with ScriptedServer(mode="vllm") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Picture-v0"], episodes=2)
+    assert res.fatal is None and res.summary["complete"], res.fatal
+    assert {r["model"] for r in server.requests} == {"scripted"}
+    row = read_records(tmp_path / "r" / "episodes.jsonl")[0]
+    doc = json.loads((tmp_path / "r" / row.transcript).read_text())
+    assistant = next(m for m in doc["messages"] if m["role"] == "assistant")
+    assert assistant["reasoning"] == "thought it over"
+
+
+def test_an_unsupported_field_is_not_a_modality_refusal(tmp_path: Path) -> None:
+    with ScriptedServer(mode="unsupported_param") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Picture-v0"], episodes=2)
+    # each episode fails on its own (the field), the run is not stopped as a modality refusal
+    assert res.fatal is None and res.summary["results"]["counts"]["finished"] == 0
