@@ -167,3 +167,19 @@ def test_an_unsupported_field_is_not_a_modality_refusal(tmp_path: Path) -> None:
         res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Picture-v0"], episodes=2)
     # each episode fails on its own (the field), the run is not stopped as a modality refusal
     assert res.fatal is None and res.summary["results"]["counts"]["finished"] == 0
+
+
+def test_sglang_agent_against_a_non_sglang_server_stops_once(tmp_path: Path) -> None:
+    """An OpenAI-only server (no /model_info): one clear fatal error, no episode tried."""
+    from starlette.responses import Response
+
+    with ScriptedServer() as server:
+        health = server._server.config.app.router.routes  # type: ignore[union-attr]
+        from starlette.routing import Route
+
+        health.append(Route("/health", lambda request: Response(status_code=200)))
+        base = server.url.removesuffix("/v1")
+        with pytest.raises(FatalAgentError, match="is not an SGLang server"):
+            _run(f"sglang:{base}", tmp_path / "r", AgentOptions(tokenizer=None), env_ids=["lbtest/Pick-v0"],
+                 episodes=3)
+    assert server.requests == []
