@@ -76,6 +76,11 @@ def test_a_server_rejecting_images_stops_the_run_with_a_clear_error(tmp_path: Pa
     assert res.fatal is not None
     assert "does not accept image input" in res.fatal and "image input is not supported" in res.fatal
     assert not res.summary["complete"] and res.summary["results"]["counts"]["finished"] == 0
+    # summary.json says why the run stopped and which episodes a --resume still has to run
+    saved = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert saved["run"]["stop_reason"] == res.fatal
+    assert len(saved["run"]["missing_episodes"]) == 3
+    assert {m["env_id"] for m in saved["run"]["missing_episodes"]} == {"lbtest/Picture-v0"}
 
 
 def test_thinking_is_split_from_the_answer(tmp_path: Path) -> None:
