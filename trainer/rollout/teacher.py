@@ -18,6 +18,7 @@ import torch
 
 from relax_gym.media import image_to_data_url
 from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
+from relax_gym.vision import collapse_image_tokens
 from relax_gym.trainer.rollout import Trajectory
 
 
@@ -28,8 +29,11 @@ async def teacher_logprobs(client: EngineClient, trajectories: list[Trajectory],
 
     async def one(t: Trajectory) -> torch.Tensor:
         start = max(t.prompt_length - 1, 0)
+        ids = list(t.token_ids)
+        if t.images:  # one pad per image, as SGLang's Qwen3-VL processor expects (docs/rollout.md)
+            ids = collapse_image_tokens(ids, t.image_token_id)
         req = GenerateRequest(
-            input_ids=list(t.token_ids),
+            input_ids=ids,
             image_data=[image_to_data_url(p.image) for p in t.images] or None,
             sampling_params=SamplingParams(max_new_tokens=0, temperature=1.0),
             return_logprob=True, logprob_start_len=start,
