@@ -121,3 +121,12 @@ async def _ranks(tp_values: list[object]) -> list[object]:
 
 def test_engine_ranks_follow_tp_size() -> None:
     assert asyncio.run(_ranks([2, None, 0])) == [2, 3, 1, 3, "WeightGroupError", 3]
+
+
+def test_sglang_engines_are_not_silently_replaced_under_ray() -> None:
+    from relax_gym.trainer.config import ConfigError, config_from_dict
+
+    raw = {"model": {"build": {"kind": "qwen3"}}, "data": {"envs": [{"id": "relax/ShapeCount-v0"}]},
+           "mode": "fully_async", "async_rl": {"runtime": "ray"}, "engine": {"kind": "sglang"}}
+    with pytest.raises((ConfigError, ValueError), match="not placed as Ray actors"):
+        config_from_dict(raw)
