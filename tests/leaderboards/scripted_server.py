@@ -8,7 +8,8 @@ round trip went over the wire. Every request body is recorded. Modes: ``reject_i
 ``bad_args`` (tool calls whose arguments are not JSON), ``think`` (replies wrapped in
 ``<think>`` blocks), ``vllm`` (vLLM 0.32's shapes: a 404 for a model it does not serve, the
 reasoning in ``message.reasoning``), ``unsupported_param`` (a 400 saying a request field is
-unsupported, with no media named).
+unsupported, with no media named), ``reasoning_model`` (a hosted reasoning model: a 400 for
+``max_tokens`` or ``temperature``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class ScriptedServer:
         if self.mode == "vllm" and body.get("model") != "scripted":
             return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                            "type": "NotFoundError", "param": None, "code": 404}}, status_code=404)
+        if self.mode == "reasoning_model" and ("max_tokens" in body or "temperature" in body):
+            field = "max_tokens" if "max_tokens" in body else "temperature"
+            return JSONResponse({"error": {"message": f"Unsupported parameter: '{field}' is not supported with this "
+                                           "model.", "type": "invalid_request_error"}}, status_code=400)
         if self.mode == "unsupported_param":
             return JSONResponse({"error": {"message": "Unsupported parameter: 'seed' is not supported with this model.",
                                            "type": "invalid_request_error"}}, status_code=400)

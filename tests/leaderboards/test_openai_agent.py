@@ -188,3 +188,13 @@ def test_sglang_agent_against_a_non_sglang_server_stops_once(tmp_path: Path) -> 
             _run(f"sglang:{base}", tmp_path / "r", AgentOptions(tokenizer=None), env_ids=["lbtest/Pick-v0"],
                  episodes=3)
     assert server.requests == []
+
+
+def test_a_reasoning_model_refusing_sampling_fields_still_runs(tmp_path: Path) -> None:
+    with ScriptedServer(mode="reasoning_model") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Pick-v0"], episodes=3)
+    assert res.fatal is None and res.summary["complete"]
+    assert res.summary["results"]["counts"]["errors"] == 0
+    answered = [r for r in server.requests if "max_tokens" not in r and "temperature" not in r]
+    assert answered and all(r["max_completion_tokens"] == 512 for r in answered)
+    assert 2 <= len(server.requests) - len(answered) <= 6  # each field refused once per episode at most
