@@ -159,9 +159,9 @@ class EngineConfig(_Section):
     def _urls(self) -> EngineConfig:
         if self.kind == "external" and not self.urls:
             raise ValueError("engine.kind 'external' needs engine.urls (e.g. ['http://127.0.0.1:30000'])")
-        if self.sync == "tensor" and self.kind != "embedded":
+        if self.sync == "tensor" and self.kind == "sglang":  # external URLs are checked when reached
             raise ValueError(
-                f"engine.sync 'tensor' needs engine.kind 'embedded' (got {self.kind!r}): SGLang's "
+                f"engine.sync 'tensor' needs embedded engines (got engine.kind {self.kind!r}): SGLang's "
                 "/update_weights_from_tensor takes its own serialized tensors (CUDA IPC handles, one item per TP "
                 "rank) that only a process on the same GPUs can produce; use sync 'distributed' (nccl) or 'disk'")
         for url in self.urls:

@@ -83,11 +83,46 @@ def test_check_sglang_server_tells_servers_apart() -> None:
         check_sglang_server({"version": "0.4.6.post1"}, "http://c")
 
 
-def test_tensor_sync_is_refused_with_external_engines() -> None:
-    with pytest.raises(ValueError, match="engine.sync 'tensor' needs engine.kind 'embedded'"):
-        EngineConfig(kind="external", urls=["http://127.0.0.1:30000"], sync="tensor")
-    with pytest.raises(ValueError, match="serialized tensors"):
+def test_tensor_sync_is_refused_with_sglang_engines() -> None:
+    with pytest.raises(ValueError, match="engine.sync 'tensor' needs embedded engines"):
         EngineConfig(kind="sglang", sync="tensor")
+    EngineConfig(kind="external", urls=["http://127.0.0.1:30000"], sync="tensor")  # checked when reached
+
+
+async def _tensor_to(version: object) -> str:
+    """TensorTransport against a stand-in whose /server_info reports ``version``."""
+    from aiohttp import web
+
+    from relax_gym.trainer.weights.broadcast import free_port
+    from relax_gym.trainer.weights.tensor import TensorTransport
+    from relax_gym.trainer.weights.transport import Snapshot, WeightSyncFailed
+
+    import torch
+
+    async def info(request: web.Request) -> web.Response:
+        return web.json_response({"version": version, "tp_size": 1})
+
+    async def update(request: web.Request) -> web.Response:
+        return web.json_response({"success": True, "message": "ok"})
+
+    app = web.Application()
+    app.add_routes([web.get("/server_info", info), web.post("/update_weights_from_tensor", update)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        await TensorTransport().send(Snapshot([("w", torch.zeros(2))]), "1", [f"http://127.0.0.1:{port}"])
+        return "sent"
+    except WeightSyncFailed as exc:
+        return str(exc)
+    finally:
+        await runner.cleanup()
+
+
+def test_tensor_sync_refuses_a_real_sglang_server() -> None:
+    assert "runs SGLang 0.5.23" in asyncio.run(_tensor_to("0.5.23"))
+    assert asyncio.run(_tensor_to("relax-gym-embedded 0.1.0")) == "sent"
 
 
 async def _ranks(tp_values: list[object]) -> list[object]:
