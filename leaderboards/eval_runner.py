@@ -369,22 +369,28 @@ class EvalRunner:
             finally:
                 bar.close()
                 pool.close()
-        summary = self.write_summary(started=started, wall_s=time.perf_counter() - t0, ran=ran, skipped=skipped)
         message = None
         if fatal:
             exc = fatal[0]
             message = str(exc) if isinstance(exc, FatalAgentError) else f"{type(exc).__name__}: {exc}"
-            if not isinstance(exc, FatalAgentError):
-                raise exc
+        summary = self.write_summary(started=started, wall_s=time.perf_counter() - t0, ran=ran, skipped=skipped,
+                                     stop_reason=message)
+        if fatal and not isinstance(fatal[0], FatalAgentError):
+            raise fatal[0]
         return RunResult(self.out, summary, ran, skipped, message, self.problems)
 
     def write_summary(
-        self, *, started: datetime | None = None, wall_s: float = 0.0, ran: int = 0, skipped: int = 0
+        self, *, started: datetime | None = None, wall_s: float = 0.0, ran: int = 0, skipped: int = 0,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
+        """summary.json; ``run.stop_reason`` says why a run stopped early (None: it was not stopped)
+        and ``run.missing_episodes`` lists the episode keys with no record (what --resume redoes)."""
         rows = read_records(self.out / "episodes.jsonl", problems=self.problems)
+        latest = latest_by_key(rows)
+        missing = [{"env_id": k[0], "seed": k[1], "attempt": k[2]} for k, _ in self.config.keys() if k not in latest]
         summary = build_summary(
             self.config,
-            latest_by_key(rows).values(),
+            latest.values(),
             self.baselines(),
             versions={**self.agent.versions(), **{f"env:{e.env_id}": f"v{e.version}" for e in self.config.envs}},
             run={
@@ -394,6 +400,8 @@ class EvalRunner:
                 "episodes_resumed": skipped,
                 "concurrency": self.concurrency,
                 "episode_wall_s_mean": round(sum(r.wall_s for r in rows) / len(rows), 4) if rows else None,
+                "stop_reason": stop_reason,
+                "missing_episodes": missing,
             },
         )
         tmp = self.out / "summary.json.tmp"

@@ -72,6 +72,14 @@ class SamplingParams(_Model):
     no_stop_trim: bool = False
     sampling_seed: int | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """A null value means the default, as SGLang reads it (no 400 for ``"top_p": null``)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
 
 class GenerateRequest(_Model):
     """``POST /generate``. Give ``input_ids`` (token-in) or ``text``; media lists hold base64
@@ -89,6 +97,18 @@ class GenerateRequest(_Model):
     return_text_in_logprobs: bool = False
     rid: str | None = None
     stream: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_media(cls, data: Any) -> Any:
+        """SGLang takes one media item as a bare string too; it is a list of one here."""
+        if isinstance(data, dict):
+            for key in ("image_data", "audio_data", "video_data"):
+                if isinstance(data.get(key), str):
+                    data = {**data, key: [data[key]]}
+            if data.get("sampling_params", 0) is None:
+                data = {k: v for k, v in data.items() if k != "sampling_params"}
+        return data
 
     @model_validator(mode="after")
     def _one_prompt(self) -> GenerateRequest:
@@ -109,20 +129,65 @@ class FinishReason(_Model):
     message: str | None = None
 
 
+class WeightVersionSpan(_Model):
+    """SGLang's ``meta_info.weight_versions`` item: output tokens ``[start, end)`` were sampled
+    with ``version`` (a request can span a weight update that paused it in place)."""
+
+    version: str = ""
+    start: int = 0
+    end: int = 0
+
+
 class MetaInfo(_Model):
+    """SGLang's ``meta_info`` (0.5.23: ``GenerateMetaInfo`` in ``sglang/api/v1/api_types.py``)."""
+
     id: str | None = None
     finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     # SGLang: one [logprob, token_id, token_text_or_None] triple per generated token.
     output_token_logprobs: list[list[Any]] | None = None
+    # From logprob_start_len on; SGLang's first entry is always [None, id, text].
     input_token_logprobs: list[list[Any]] | None = None
+    output_top_logprobs: list[Any] | None = None
+    input_top_logprobs: list[Any] | None = None
+    output_token_logprobs_length: int | None = None
     weight_version: str | None = None
-    # The embedded engine's extension for requests that span a weight update (SGLang reports
-    # one version per reply): run-length spans [version, number of tokens] over output_ids.
-    output_weight_versions: list[list[Any]] | None = None
+    # Spans over output_ids; on every finished reply of SGLang >= 0.5.23 and the embedded engine.
+    weight_versions: list[WeightVersionSpan] | None = None
+    num_retractions: int | None = None
     e2e_latency: float | None = None
+
+    def token_versions(self, n: int) -> list[str | None]:
+        """One weight version per output token: from the ``weight_versions`` spans when they
+        cover exactly ``n`` tokens, else ``weight_version`` for all (older servers)."""
+        spans = self.weight_versions
+        if spans:
+            out: list[str | None] = []
+            for span in spans:
+                if span.start != len(out) or span.end < span.start:
+                    break
+                out.extend([span.version] * (span.end - span.start))
+            else:
+                if len(out) == n:
+                    return out
+        return [self.weight_version] * n
+
+
+def weight_version_spans(versions: list[str], current: str) -> list[dict[str, Any]]:
+    """Per-token versions as SGLang's spans ``[{version, start, end}]``; a reply with no tokens
+    has one empty span of the ``current`` version, as SGLang sends."""
+    if not versions:
+        return [{"version": current, "start": 0, "end": 0}]
+    spans: list[dict[str, Any]] = []
+    for i, v in enumerate(versions):
+        if spans and spans[-1]["version"] == v:
+            spans[-1]["end"] = i + 1
+        else:
+            spans.append({"version": v, "start": i, "end": i + 1})
+    return spans
 
 
 class GenerateResponse(_Model):
@@ -218,7 +283,10 @@ class PauseGenerationRequest(_Model):
 
 
 class ModelInfo(_Model):
+    """``GET /model_info`` (``/get_model_info`` before SGLang deprecated it)."""
+
     model_path: str = ""
+    served_model_name: str | None = None
     tokenizer_path: str | None = None
     is_generation: bool = True
     weight_version: str | None = None
@@ -244,6 +312,22 @@ class ChatCompletionRequest(_Model):
     stream: bool = False
 
 
+class CompletionRequest(_Model):
+    """``POST /v1/completions`` (OpenAI's legacy text completions, as SGLang serves them)."""
+
+    model: str = "default"
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = 16
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logprobs: int | None = None
+    echo: bool = False
+    stream: bool = False
+
+
 class ChatToolCallFunction(_Model):
     name: str
     arguments: str = "{}"
@@ -258,14 +342,25 @@ class ChatToolCall(_Model):
 class ChatMessage(_Model):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning_content: str | None = None  # SGLang's name
+    reasoning: str | None = None  # vLLM's name (0.32)
     tool_calls: list[ChatToolCall] | None = None
 
 
-class ChatTokenLogprob(_Model):
+class ChatTopLogprob(_Model):
     token: str
     logprob: float
     bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(_Model):
+    """One generated token's logprob entry; OpenAI and SGLang always send ``top_logprobs``
+    (empty when none were asked for)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
 
 
 class ChatLogprobs(_Model):
@@ -370,6 +465,7 @@ class EngineClient:
         self._client: httpx.AsyncClient | None = None
         self._session: Any = None  # aiohttp.ClientSession, made inside the running loop
         self._closed = False
+        self._old_routes: set[str] = set()  # info routes this server only has under the old name
         self._inflight = 0
         self._idle: asyncio.Event | None = None  # set while no call is in flight (made on first use)
         if transport == "httpx":
@@ -523,8 +619,32 @@ class EngineClient:
         except EngineError:
             return False
 
+    async def _info(self, path: str, old_path: str, timeout_s: float | None) -> Any:
+        """GET ``path``; on a 404 the pre-0.5 name ``old_path`` (remembered for this client).
+        SGLang 0.5.23 deprecates the ``/get_*`` names and logs a warning on every call."""
+        if path in self._old_routes:
+            return await self._request("GET", old_path, timeout_s=timeout_s)
+        try:
+            return await self._request("GET", path, timeout_s=timeout_s)
+        except EngineError as exc:
+            if exc.status != 404:
+                raise
+        out = await self._request("GET", old_path, timeout_s=timeout_s)
+        self._old_routes.add(path)
+        return out
+
     async def model_info(self) -> ModelInfo:
-        return ModelInfo.model_validate(await self._request("GET", "/get_model_info", timeout_s=self.control_timeout_s))
+        """``GET /model_info`` (falls back to ``/get_model_info``)."""
+        return ModelInfo.model_validate(await self._info("/model_info", "/get_model_info", self.control_timeout_s))
+
+    async def served_models(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (empty when the route is missing or unreadable)."""
+        try:
+            data = await self._request("GET", "/v1/models", timeout_s=self.control_timeout_s)
+        except EngineError:
+            return []
+        items = data.get("data") if isinstance(data, dict) else None
+        return [str(m["id"]) for m in items or [] if isinstance(m, dict) and "id" in m]
 
     async def flush_cache(self) -> None:
         await self._request("POST", "/flush_cache", timeout_s=self.control_timeout_s)
@@ -557,8 +677,9 @@ class EngineClient:
         await self._request("POST", "/destroy_weights_update_group", {"group_name": group_name})
 
     async def server_info(self) -> dict[str, Any]:
-        """``GET /get_server_info``: server-specific (the embedded engine reports its load)."""
-        info = await self._request("GET", "/get_server_info")
+        """``GET /server_info`` (falls back to ``/get_server_info``): server-specific; SGLang
+        reports its server args (``tp_size``...), the embedded engine its load too."""
+        info = await self._info("/server_info", "/get_server_info", None)
         return info if isinstance(info, dict) else {}
 
     async def init_weights_update_group(self, request: InitWeightsUpdateGroupRequest) -> UpdateWeightsResponse:
@@ -578,9 +699,11 @@ __all__ = [
     "ChatLogprobs",
     "ChatMessage",
     "ChatTokenLogprob",
+    "ChatTopLogprob",
     "ChatToolCall",
     "ChatToolCallFunction",
     "ChatUsage",
+    "CompletionRequest",
     "EngineClient",
     "EngineClosed",
     "EngineError",
@@ -598,4 +721,6 @@ __all__ = [
     "UpdateWeightsFromDistributedRequest",
     "UpdateWeightsFromTensorRequest",
     "UpdateWeightsResponse",
+    "WeightVersionSpan",
+    "weight_version_spans",
 ]

@@ -252,10 +252,23 @@ class GenRMClient:
         return request, hashlib.sha256(key_src.encode("utf-8")).hexdigest()
 
     # -- one attempt --------------------------------------------------------------------------
+    async def _chat(self, engine: EngineClient, request: ChatCompletionRequest) -> Any:
+        """Chat; with no model configured ("default") and a 404, the single model the server
+        lists in ``/v1/models`` (vLLM and hosted servers do not know "default")."""
+        try:
+            return await engine.chat_completions(request)
+        except EngineError as exc:
+            if exc.status != 404 or request.model != "default":
+                raise
+            models = await engine.served_models()
+            if len(models) != 1:
+                raise
+        return await engine.chat_completions(request.model_copy(update={"model": models[0]}))
+
     async def _attempt(self, engine: EngineClient, request: Any) -> str:
         try:
             if isinstance(request, ChatCompletionRequest):
-                reply = await engine.chat_completions(request)
+                reply = await self._chat(engine, request)
                 if not reply.choices:
                     raise _Attempt("invalid", "judge reply has no choices", retryable=False)
                 text = reply.choices[0].message.content

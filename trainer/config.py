@@ -114,17 +114,31 @@ class DistributedSyncConfig(_Section):
         "gloo", description="process-group backend: nccl for SGLang on GPUs; the embedded engine receives over gloo")
     master_address: str = Field("127.0.0.1", description="the trainer's address the engines join the group at")
     master_port: int | None = Field(None, ge=1, le=65535, description="group port (None: a free port)")
-    ranks_per_engine: int = Field(1, ge=1, description="ranks each engine joins with (an SGLang engine's "
-                                  "tensor-parallel size; the embedded engine: 1)")
+    ranks_per_engine: int | None = Field(
+        None, ge=1, description="ranks each engine joins with (SGLang: rank_offset + tp_rank, so its TP size); "
+        "None: read each engine's tp_size from /server_info (the embedded engine: 1)")
     timeout_s: float = Field(120.0, gt=0, description="bound on the rendezvous and on each bucket's broadcast")
 
 
+class SGLangLaunchConfig(_Section):
+    """How ``engine.kind: sglang`` starts SGLang servers (``python -m sglang.launch_server``)."""
+
+    tp: int = Field(1, ge=1, description="tensor-parallel size of each server (--tp-size)")
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1, description="--mem-fraction-static")
+    extra_args: list[str] = Field(default_factory=list, description="more launch_server flags, checked by "
+                                  "SGLang's own parser before the run starts")
+    python: str | None = Field(None, description="the python that has sglang (default: this one)")
+    health_timeout_s: float = Field(900.0, gt=0, description="wait this long for each server's /health")
+
+
 class EngineConfig(_Section):
-    kind: Literal["embedded", "external"] = Field(
+    kind: Literal["embedded", "external", "sglang"] = Field(
         "embedded",
         description="embedded: the trainer starts CPU engines (relax-gym engine serve) on 127.0.0.1; "
+        "sglang: the trainer starts SGLang servers on this host's GPUs (engine.sglang) and stops them at the end; "
         "external: use already running SGLang-protocol servers listed in `urls`",
     )
+    sglang: SGLangLaunchConfig = Field(default_factory=SGLangLaunchConfig)
     num_engines: int = Field(1, ge=1, description="embedded engines to start")
     urls: list[str] = Field(default_factory=list, description="external engine base URLs")
     api_key: str | None = Field(None, description="bearer token for the engines' control routes")
@@ -145,6 +159,11 @@ class EngineConfig(_Section):
     def _urls(self) -> EngineConfig:
         if self.kind == "external" and not self.urls:
             raise ValueError("engine.kind 'external' needs engine.urls (e.g. ['http://127.0.0.1:30000'])")
+        if self.sync == "tensor" and self.kind == "sglang":  # external URLs are checked when reached
+            raise ValueError(
+                f"engine.sync 'tensor' needs embedded engines (got engine.kind {self.kind!r}): SGLang's "
+                "/update_weights_from_tensor takes its own serialized tensors (CUDA IPC handles, one item per TP "
+                "rank) that only a process on the same GPUs can produce; use sync 'distributed' (nccl) or 'disk'")
         for url in self.urls:
             if not re.match(r"^https?://", url):
                 raise ValueError(f"engine.urls entry {url!r} must start with http:// or https://")
@@ -419,6 +438,11 @@ class TrainConfig(_Section):
             raise ValueError(
                 "async_rl.runtime 'ray' runs the fully_async and hybrid modes; colocate runs embedded "
                 "(set mode: fully_async or hybrid)"
+            )
+        if self.is_async and a.runtime == "ray" and self.engine.kind == "sglang":
+            raise ValueError(
+                "engine.kind 'sglang' is not placed as Ray actors yet (the Ray runtime hosts embedded engines); "
+                "start SGLang yourself and use engine.kind 'external', or async_rl.runtime 'embedded'"
             )
         for name in a.imports:
             if not _MODULE_NAME.fullmatch(name):
@@ -932,6 +956,7 @@ __all__ = [
     "OptimConfig",
     "RewardsConfig",
     "RolloutConfig",
+    "SGLangLaunchConfig",
     "TeacherConfig",
     "TinyModelSpec",
     "TrainConfig",

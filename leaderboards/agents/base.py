@@ -34,9 +34,11 @@ from relax_gym.protocol import EngineError, EngineTimeout, EngineUnavailable
 from relax_gym.types import Action, Message, Observation
 
 _T = TypeVar("_T")
-# Words servers use when they refuse content they cannot take (vLLM, SGLang, OpenAI, ours).
+# Words servers use when they refuse content they cannot take (vLLM, SGLang, OpenAI, ours). A
+# refusal must name the media: a bare "unsupported" (a sampling field, a tool_choice...) is not a
+# modality refusal and must not stop the run as one.
 _MODALITY_HINT = re.compile(
-    r"image|audio|video|modalit|multimodal|vision|content part|input_audio|not support|unsupported",
+    r"image|audio|video|modalit|multimodal|vision|content part|input_audio",
     re.IGNORECASE,
 )
 

@@ -50,6 +50,18 @@ def tool_calls_from_reply(calls: list[ChatToolCall] | None) -> tuple[list[ToolCa
     return out, errors
 
 
+_REFUSABLE = ("max_tokens", "temperature", "top_p")
+
+
+def _refused_field(exc: EngineError) -> str | None:
+    """The sampling field a 400 says the model does not take ("Unsupported parameter: 'max_tokens'
+    ...", "Unsupported value: 'temperature' does not support 0.0 ..."), or None."""
+    text = str(exc).lower()
+    if "unsupported" not in text and "not supported" not in text:
+        return None
+    return next((f for f in _REFUSABLE if f"'{f}'" in text or f'"{f}"' in text or f"`{f}`" in text), None)
+
+
 class OpenAIAgent(Agent):
     """Chat Completions over HTTP (httpx via :class:`relax_gym.protocol.EngineClient`)."""
 
@@ -62,6 +74,9 @@ class OpenAIAgent(Agent):
         self.model = options.model or "default"
         self.client = EngineClient(self.url, api_key=options.api_key, timeout_s=options.timeout_s)
         self._server_models: list[str] = []
+        # fields a server refused once (hosted reasoning models take max_completion_tokens, and no
+        # temperature/top_p): left out of later requests
+        self.refused: set[str] = set()
 
     async def start(self) -> None:
         """Reach ``/v1/models`` once: a wrong URL or key stops the run before any episode."""
@@ -78,6 +93,9 @@ class OpenAIAgent(Agent):
                 self._server_models = [str(m.get("id")) for m in resp.json().get("data", [])]
             except (ValueError, AttributeError):
                 self._server_models = []
+        if self.options.model is None and len(self._server_models) == 1:
+            # vLLM and hosted servers answer 404 to "default": use the one model the server lists
+            self.model = self._server_models[0]
 
     def session(self, env: Env, episode: EpisodeInfo) -> AgentSession:
         return _OpenAISession(self, env, episode)
@@ -100,16 +118,35 @@ class OpenAIAgent(Agent):
             extra["min_p"] = o.min_p
         if o.thinking is not None:
             extra["chat_template_kwargs"] = {"enable_thinking": o.thinking}
+        sampling: dict[str, Any] = {"temperature": o.temperature, "top_p": o.top_p}
+        if "max_tokens" in self.refused:
+            sampling["max_completion_tokens"] = o.max_tokens
+        else:
+            sampling["max_tokens"] = o.max_tokens
+        for name in self.refused:
+            sampling.pop(name, None)
         return ChatCompletionRequest(
             model=self.model,
             messages=messages,
             tools=[t.to_openai() for t in tools] or None,
-            temperature=o.temperature,
-            top_p=o.top_p,
-            max_tokens=o.max_tokens,
             seed=seed,
+            **sampling,
             **extra,
         )
+
+    async def chat(self, messages: list[dict[str, Any]], tools: list[ToolSpec], seed: int) -> Any:
+        """One chat call; a 400 that refuses ``max_tokens``, ``temperature`` or ``top_p`` (hosted
+        reasoning models) is retried once without it, and the field stays out from then on."""
+        for _ in range(len(_REFUSABLE) + 1):
+            request = self.request(messages, tools, seed)
+            try:
+                return await self.client.chat_completions(request)
+            except EngineError as exc:
+                refused = _refused_field(exc) if exc.status == 400 else None
+                if refused is None or getattr(request, refused, None) is None:  # not ours to drop
+                    raise
+                self.refused.add(refused)
+        raise AgentError(f"{self.url}: the server refused every sampling field")
 
 
 class _OpenAISession(AgentSession):
@@ -128,16 +165,17 @@ class _OpenAISession(AgentSession):
             self.tools = list(observation.tools)
         media = count_media(observation.messages)
         self.modalities_sent |= set(media)
-        request = self.agent.request(self.messages, self.tools, self.episode.turn_seed(self.turn))
+        seed = self.episode.turn_seed(self.turn)
         self.turn += 1
-        reply = await call_engine(self.agent.client.chat_completions(request), self._classify)
+        reply = await call_engine(self.agent.chat(self.messages, self.tools, seed), self._classify)
         if not reply.choices:
             raise AgentError(f"{self.agent.url}: the reply has no choices")
         msg = reply.choices[0].message
         raw = msg.content or ""
         text, reasoning = split_thinking(raw)
-        if msg.reasoning_content:
-            reasoning = msg.reasoning_content if reasoning is None else f"{msg.reasoning_content}\n{reasoning}"
+        served = msg.reasoning_content or msg.reasoning  # SGLang's field, vLLM's field
+        if served:
+            reasoning = served if reasoning is None else f"{served}\n{reasoning}"
         calls, errors = tool_calls_from_reply(msg.tool_calls)
         history_item: dict[str, Any] = {"role": "assistant", "content": text}
         if msg.tool_calls:

@@ -34,7 +34,10 @@ class SGLangAgent(LocalChatAgent):
         try:
             info = await self.client.model_info()
             self._server = {"model_path": info.model_path, "weight_version": info.weight_version or ""}
-        except EngineError:
+        except EngineError as exc:
+            if exc.status == 404:  # neither /model_info nor /get_model_info: not SGLang's native API
+                raise FatalAgentError(f"{self.url} is not an SGLang server (no /model_info or /get_model_info; "
+                                      "for an OpenAI-compatible server use openai:URL)") from None
             info = None
         path = self.options.tokenizer or self.options.model
         if path is None and info is not None:

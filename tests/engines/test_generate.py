@@ -350,3 +350,20 @@ async def test_input_token_logprobs_for_scoring(
     with torch.no_grad():
         ref = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1], -1).gather(1, torch.tensor(ids[1:])[:, None])
     assert float((ref.squeeze(1) - torch.tensor([t[0] for t in triples[1:]])).abs().max()) < 1e-4
+
+    # SGLang: from any start the first entry is None (token `start` is not scored), so a
+    # scorer that wants token k asks from k - 1; -1 means none of the prompt
+    async with EngineClient(text_engine.url) as client:
+        mid = await client.generate(GenerateRequest(input_ids=ids, return_logprob=True, logprob_start_len=3,
+                                                    return_text_in_logprobs=True,
+                                                    sampling_params=SamplingParams(max_new_tokens=0)))
+        none = await client.generate(GenerateRequest(input_ids=ids, return_logprob=True,
+                                                     sampling_params=SamplingParams(max_new_tokens=1)))
+        with pytest.raises(EngineError, match="logprob_start_len"):
+            await client.generate(GenerateRequest(input_ids=ids, return_logprob=True, logprob_start_len=len(ids) + 1,
+                                                  sampling_params=SamplingParams(max_new_tokens=0)))
+    part = mid.meta_info.input_token_logprobs or []
+    assert [t[1] for t in part] == ids[3:] and part[0][0] is None
+    assert [t[0] for t in part[1:]] == pytest.approx([t[0] for t in triples[4:]], abs=1e-5)
+    assert all(isinstance(t[2], str) for t in part)  # return_text_in_logprobs
+    assert none.meta_info.input_token_logprobs == []

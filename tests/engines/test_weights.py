@@ -6,6 +6,7 @@ what the engine receives."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 import base64
 import socket
 from collections.abc import Iterator
@@ -116,7 +117,8 @@ async def test_update_waits_for_running_requests_or_aborts_them(
         await asyncio.wait_for(update, 60)
         # The update waited for the request, which drained on the old weights.
         assert finished.finish_type == "length"
-        assert finished.meta_info.output_weight_versions == [[v0, 400]]  # type: ignore[attr-defined]
+        spans = finished.meta_info.weight_versions or []
+        assert [(s.version, s.start, s.end) for s in spans] == [(v0, 0, 400)]
 
         running = asyncio.create_task(client.generate(long.model_copy(update={"rid": "to-abort"})))
         await wait_for_tokens(engine.url, 5)
@@ -148,9 +150,12 @@ async def test_update_while_paused_in_place_mixes_versions(
         out = await asyncio.wait_for(task, 60)
         await restore(client, scripted_qwen3)
     assert reply.num_paused_requests == 1
-    runs = out.meta_info.output_weight_versions  # type: ignore[attr-defined]
-    assert [v for v, _ in runs] == [v0, "mid"] and sum(n for _, n in runs) == 400
+    spans = out.meta_info.weight_versions or []  # SGLang's spans [start, end) over output_ids
+    assert [s.version for s in spans] == [v0, "mid"]
+    assert spans[0].start == 0 and spans[0].end == spans[1].start and spans[1].end == 400
     assert out.meta_info.weight_version == "mid"
+    cut = spans[0].end
+    assert out.meta_info.token_versions(400) == [v0] * cut + ["mid"] * (400 - cut)
 
 
 async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProcess, tmp_path: Path) -> None:
@@ -182,11 +187,14 @@ async def test_failed_updates_leave_weights_untouched(engine: EmbeddedEngineProc
                 ),
                 (
                     UpdateWeightsFromTensorRequest(serialized_named_tensors=["eA=="], load_format="direct"),
-                    "never pickles",
+                    "never unpickles",
                 ),
+                # SGLang's default form: no load_format at all (pickled items, one per TP rank)
+                ({"serialized_named_tensors": ["eA=="]}, "load_format None is not accepted"),
             ]
             for body, fragment in bad_items:
-                resp = await http.post("/update_weights_from_tensor", json=body.model_dump(exclude_none=True))
+                payload = body if isinstance(body, dict) else body.model_dump(exclude_none=True)
+                resp = await http.post("/update_weights_from_tensor", json=payload)
                 assert resp.status_code == 400, resp.text
                 assert fragment in resp.text, (fragment, resp.text)
         after = await probe(client)
@@ -284,3 +292,86 @@ def test_safetensors_items_round_trip_tied_weights() -> None:
     assert torch.equal(overlap["b"], big[1:])
     sizes = [len(b) for b in buckets(named, bucket_bytes=60)]
     assert sizes == [1, 1, 1] and sum(len(b) for b in buckets(named, 1 << 20)) == 3
+
+
+class _TwoRankEngine:
+    """A stand-in for an SGLang engine with TP = 2: ``/server_info`` says ``tp_size: 2``, and
+    ``/init_weights_update_group`` joins two ranks (``rank_offset`` and ``rank_offset + 1``),
+    each receiving every broadcast, as SGLang's TP workers do."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        self.received: list[list[torch.Tensor]] = [[], []]
+        self.joined: list[tuple[int, int]] = []
+
+    def app(self) -> Any:
+        from aiohttp import web
+
+        from relax_gym.trainer.engines.weight_receiver import broadcast, new_process_group, parse_dtype
+
+        async def info(request: web.Request) -> web.Response:
+            return web.json_response({"tp_size": 2, "version": "0.5.23"})
+
+        async def init(request: web.Request) -> web.Response:
+            body = await request.json()
+            self.joined.append((body["rank_offset"], body["world_size"]))
+
+            def join(tp_rank: int) -> Any:
+                return new_process_group(body["master_address"], body["master_port"], body["rank_offset"] + tp_rank,
+                                         body["world_size"], group_name=body["group_name"], timeout_s=60)
+
+            self.handles = list(await asyncio.gather(*(asyncio.to_thread(join, r) for r in range(2))))
+            return web.json_response({"success": True, "message": "joined"})
+
+        async def update(request: web.Request) -> web.Response:
+            body = await request.json()
+
+            def receive(tp_rank: int) -> list[torch.Tensor]:
+                got = [torch.empty(s, dtype=parse_dtype(d)) for s, d in zip(body["shapes"], body["dtypes"], strict=True)]
+                broadcast(self.handles[tp_rank], got, 0)
+                return got
+
+            for r, got in enumerate(await asyncio.gather(*(asyncio.to_thread(receive, r) for r in range(2)))):
+                self.received[r].extend(got)
+            return web.json_response({"success": True, "message": "ok"})
+
+        async def destroy(request: web.Request) -> web.Response:
+            self.handles = []
+            return web.json_response({"success": True, "message": "destroyed"})
+
+        app = web.Application(client_max_size=1 << 30)
+        app.add_routes([web.get("/server_info", info), web.post("/init_weights_update_group", init),
+                        web.post("/update_weights_from_distributed", update),
+                        web.post("/destroy_weights_update_group", destroy)])
+        return app
+
+
+async def test_group_with_an_engine_of_tp2_and_the_embedded_engine(
+    engine: EmbeddedEngineProcess, scripted_qwen3: Path, bpe_qwen3_seed1: Path
+) -> None:
+    """World = 1 (trainer) + 1 (embedded, tp 1) + 2 (the TP=2 engine): ranks read from /server_info."""
+    from aiohttp import web
+
+    target = state_of(bpe_qwen3_seed1)
+    stand_in = _TwoRankEngine()
+    runner = web.AppRunner(stand_in.app())
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    tp2 = f"http://127.0.0.1:{port}"
+    sender = BroadcastTransport(DistributedSyncConfig(timeout_s=60), api_key=API_KEY, bucket_bytes=256 << 10)
+    try:
+        sent = await sender.send(Snapshot(list(target.items())), "dist-tp", sorted([engine.url, tp2]))
+        async with EngineClient(engine.url, api_key=API_KEY) as client:
+            info = await client.model_info()
+    finally:
+        await sender.close()
+        await runner.cleanup()
+        async with EngineClient(engine.url, api_key=API_KEY) as client:
+            await restore(client, scripted_qwen3)
+    (offset, world), = stand_in.joined
+    assert world == 4 and offset in (1, 2)  # after or before the embedded engine's one rank
+    assert sent.buckets >= 2 and info.weight_version == "dist-tp"
+    for rank_tensors in stand_in.received:  # both TP ranks got every tensor, exactly
+        assert len(rank_tensors) == len(target)
+        assert all(torch.equal(a, b) for a, b in zip(rank_tensors, target.values(), strict=True))

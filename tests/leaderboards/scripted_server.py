@@ -6,7 +6,10 @@ the secret word from the tool message -- so a passing episode proves the media a
 round trip went over the wire. Every request body is recorded. Modes: ``reject_images``
 (HTTP 400 on image parts, as text-only servers answer), ``slow`` (never answers in time),
 ``bad_args`` (tool calls whose arguments are not JSON), ``think`` (replies wrapped in
-``<think>`` blocks).
+``<think>`` blocks), ``vllm`` (vLLM 0.32's shapes: a 404 for a model it does not serve, the
+reasoning in ``message.reasoning``), ``unsupported_param`` (a 400 saying a request field is
+unsupported, with no media named), ``reasoning_model`` (a hosted reasoning model: a 400 for
+``max_tokens`` or ``temperature``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,16 @@ class ScriptedServer:
             return JSONResponse({"error": {"message": "bad key"}}, status_code=401)
         body = await request.json()
         self.requests.append(body)
+        if self.mode == "vllm" and body.get("model") != "scripted":
+            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                           "type": "NotFoundError", "param": None, "code": 404}}, status_code=404)
+        if self.mode == "reasoning_model" and ("max_tokens" in body or "temperature" in body):
+            field = "max_tokens" if "max_tokens" in body else "temperature"
+            return JSONResponse({"error": {"message": f"Unsupported parameter: '{field}' is not supported with this "
+                                           "model.", "type": "invalid_request_error"}}, status_code=400)
+        if self.mode == "unsupported_param":
+            return JSONResponse({"error": {"message": "Unsupported parameter: 'seed' is not supported with this model.",
+                                           "type": "invalid_request_error"}}, status_code=400)
         messages = body["messages"]
         parts = [p for m in messages if isinstance(m.get("content"), list) for p in m["content"]]
         images = [p["image_url"]["url"] for p in parts if p.get("type") == "image_url"]
@@ -91,6 +104,8 @@ class ScriptedServer:
             message["content"] = str(last).rstrip(".").split()[-1]
         if self.mode == "think" and message["content"]:
             message["content"] = f"<think>easy one</think>{message['content']}"
+        if self.mode == "vllm":
+            message["reasoning"] = "thought it over"
         return JSONResponse(
             {
                 "id": "x",

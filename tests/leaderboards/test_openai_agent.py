@@ -76,6 +76,11 @@ def test_a_server_rejecting_images_stops_the_run_with_a_clear_error(tmp_path: Pa
     assert res.fatal is not None
     assert "does not accept image input" in res.fatal and "image input is not supported" in res.fatal
     assert not res.summary["complete"] and res.summary["results"]["counts"]["finished"] == 0
+    # summary.json says why the run stopped and which episodes a --resume still has to run
+    saved = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert saved["run"]["stop_reason"] == res.fatal
+    assert len(saved["run"]["missing_episodes"]) == 3
+    assert {m["env_id"] for m in saved["run"]["missing_episodes"]} == {"lbtest/Picture-v0"}
 
 
 def test_thinking_is_split_from_the_answer(tmp_path: Path) -> None:
@@ -127,7 +132,7 @@ def test_api_key_and_reachability_are_checked_before_any_episode(tmp_path: Path)
             env_ids=["lbtest/Pick-v0"],
             episodes=2,
         )
-        assert ok.summary["complete"] and all(r["model"] == "default" for r in server.requests)
+        assert ok.summary["complete"] and all(r["model"] == "scripted" for r in server.requests)  # the one listed model
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -147,3 +152,49 @@ def test_tool_call_conversion_and_api_base() -> None:
     assert [(c.name, c.arguments, c.id) for c in calls] == [("f", {"x": 1}, "a"), ("h", {}, "call_2")]
     assert len(errors) == 1 and "JSON object" in errors[0]
     assert api_base("http://h:1/v1/") == api_base("http://h:1") == "http://h:1"
+
+
+def test_vllm_shapes_single_model_and_reasoning_field(tmp_path: Path) -> None:
+    """No --model: the agent uses the one model /v1/models lists (vLLM 404s "default"), and reads
+    vLLM's `reasoning` field."""
+    with ScriptedServer(mode="vllm") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Picture-v0"], episodes=2)
+    assert res.fatal is None and res.summary["complete"], res.fatal
+    assert {r["model"] for r in server.requests} == {"scripted"}
+    row = read_records(tmp_path / "r" / "episodes.jsonl")[0]
+    doc = json.loads((tmp_path / "r" / row.transcript).read_text())
+    assistant = next(m for m in doc["messages"] if m["role"] == "assistant")
+    assert assistant["reasoning"] == "thought it over"
+
+
+def test_an_unsupported_field_is_not_a_modality_refusal(tmp_path: Path) -> None:
+    with ScriptedServer(mode="unsupported_param") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Picture-v0"], episodes=2)
+    # each episode fails on its own (the field), the run is not stopped as a modality refusal
+    assert res.fatal is None and res.summary["results"]["counts"]["finished"] == 0
+
+
+def test_sglang_agent_against_a_non_sglang_server_stops_once(tmp_path: Path) -> None:
+    """An OpenAI-only server (no /model_info): one clear fatal error, no episode tried."""
+    from starlette.responses import Response
+
+    with ScriptedServer() as server:
+        health = server._server.config.app.router.routes  # type: ignore[union-attr]
+        from starlette.routing import Route
+
+        health.append(Route("/health", lambda request: Response(status_code=200)))
+        base = server.url.removesuffix("/v1")
+        with pytest.raises(FatalAgentError, match="is not an SGLang server"):
+            _run(f"sglang:{base}", tmp_path / "r", AgentOptions(tokenizer=None), env_ids=["lbtest/Pick-v0"],
+                 episodes=3)
+    assert server.requests == []
+
+
+def test_a_reasoning_model_refusing_sampling_fields_still_runs(tmp_path: Path) -> None:
+    with ScriptedServer(mode="reasoning_model") as server:
+        res = _run(f"openai:{server.url}", tmp_path / "r", AgentOptions(), env_ids=["lbtest/Pick-v0"], episodes=3)
+    assert res.fatal is None and res.summary["complete"]
+    assert res.summary["results"]["counts"]["errors"] == 0
+    answered = [r for r in server.requests if "max_tokens" not in r and "temperature" not in r]
+    assert answered and all(r["max_completion_tokens"] == 512 for r in answered)
+    assert 2 <= len(server.requests) - len(answered) <= 6  # each field refused once per episode at most

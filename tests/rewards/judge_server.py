@@ -73,6 +73,12 @@ class JudgeServer:
                 super().setup()
                 self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # no 40 ms Nagle stalls
 
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path == "/v1/models":
+                    self._send(200, b'{"object": "list", "data": [{"id": "judge-served", "object": "model"}]}')
+                else:
+                    self._send(404, b'{"error": "not found"}')
+
             def do_POST(self) -> None:  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with server._lock:
@@ -98,6 +104,10 @@ class JudgeServer:
                     return self._send(503, b'{"error": "overloaded"}')
                 if mode == "badjson":
                     return self._send(200, b"<html>not json</html>", "text/html")
+                if mode == "vllm" and self.path != "/generate" and body.get("model") != "judge-served":
+                    # vLLM 0.32: a model it does not serve is a 404
+                    return self._send(404, json.dumps({"error": {"message": f"The model `{body.get('model')}` "
+                                                                 "does not exist.", "code": 404}}).encode())
                 text = "I think it is fine, probably." if mode == "garbage" else judge_text(prompt)
                 if self.path == "/generate":
                     reply: dict[str, Any] = {"text": text, "meta_info": {"finish_reason": {"type": "stop"}}}

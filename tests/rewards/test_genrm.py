@@ -258,3 +258,16 @@ def test_parse_preference() -> None:
     assert parse_preference("PREFERENCE: A") == 1.0
     assert parse_preference("Response B is better.\nPreference: B") == 0.0
     assert parse_preference("preference: tie") == 0.5
+
+
+async def test_no_model_configured_uses_the_single_served_model(server: JudgeServer) -> None:
+    """vLLM answers 404 to "default": the judge asks /v1/models and uses its one entry."""
+    server.mode = "vllm"
+    client = GenRMClient({"base_url": server.url, "backoff_s": 0.01}, seed=0)
+    (result,) = await client.score_batch([qa("Paris")], "reference")
+    assert result.total == 1.0 and not result.failed
+    named = client_for(server)  # a configured model that the server does not know stays an error
+    (bad,) = await named.score_batch([qa("Paris")], "reference")
+    assert bad.failed
+    await client.aclose()
+    await named.aclose()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from relax_gym.protocol import ChatCompletionRequest, GenerateRequest, SamplingParams
+from relax_gym.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest, SamplingParams
 
 from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, check_context, check_image_count, check_prompt_chars, tokenize_bounded
 from relax_gym.trainer.engines.tool_calls import parse_tool_calls, strip_tool_calls, to_openai
@@ -51,10 +51,12 @@ def normalize_messages(messages: list[dict[str, Any]], *, vision: bool) -> tuple
     out: list[dict[str, Any]] = []
     images: list[str] = []
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or msg.get("role") not in ("system", "user", "assistant", "tool"):
-            raise BadRequest(f"messages[{i}]: expected an object with role system/user/assistant/tool")
+        if not isinstance(msg, dict) or msg.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"messages[{i}]: expected an object with role system/developer/user/assistant/tool")
         content = msg.get("content")
         item = dict(msg)
+        if item["role"] == "developer":  # OpenAI's newer name for system, as SGLang maps it
+            item["role"] = "system"
         if content is None or isinstance(content, str):
             item["content"] = content or ""
         elif isinstance(content, list):
@@ -106,7 +108,8 @@ def text_size(value: Any) -> int:
 
 
 def _sampling(req: ChatCompletionRequest, default_max_tokens: int) -> SamplingParams:
-    extra = req.model_extra or {}
+    """SGLang's sampling params from the request; a null value means the default, as in SGLang."""
+    extra = {k: v for k, v in (req.model_extra or {}).items() if v is not None}
     max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
     return SamplingParams(
         max_new_tokens=max_tokens,
@@ -122,6 +125,29 @@ def _sampling(req: ChatCompletionRequest, default_max_tokens: int) -> SamplingPa
     )
 
 
+def refuse_unsupported(req: ChatCompletionRequest | dict[str, Any]) -> None:
+    """A 400 naming each OpenAI field the embedded engine cannot honour (SGLang honours them with
+    grammar backends and logit processors); nothing is dropped silently."""
+    fields = req.model_dump() if isinstance(req, ChatCompletionRequest) else req
+    fields = {**fields, **((req.model_extra or {}) if isinstance(req, ChatCompletionRequest) else {})}
+    fmt = fields.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise BadRequest("response_format other than {'type': 'text'} is not supported by the embedded engine "
+                         "(no constrained decoding); SGLang serves it with a grammar backend")
+    if fields.get("logit_bias"):
+        raise BadRequest("logit_bias is not supported by the embedded engine")
+    choice = fields.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise BadRequest(f"tool_choice {choice!r} is not supported by the embedded engine (it cannot force a "
+                         "tool call); send 'auto' or 'none'")
+    if fields.get("reasoning_effort") is not None:
+        raise BadRequest("reasoning_effort is not supported by the embedded engine; for Qwen3 send "
+                         "chat_template_kwargs {'enable_thinking': ...}")
+    for name in ("regex", "ebnf", "json_schema", "structural_tag"):
+        if fields.get(name) is not None:
+            raise BadRequest(f"{name} (constrained decoding) is not supported by the embedded engine")
+
+
 def _split_reasoning(text: str) -> tuple[str | None, str]:
     """Qwen3 style: ``<think>...</think>`` (the opening tag may sit in the prompt)."""
     if "</think>" not in text:
@@ -131,14 +157,18 @@ def _split_reasoning(text: str) -> tuple[str | None, str]:
 
 
 def _logprob_entry(tokenizer: Any, token_id: int, logprob: float, top: list[list[Any]] | None) -> dict[str, Any]:
+    """OpenAI's entry; ``top_logprobs`` is always there (empty unless asked for), as OpenAI and
+    SGLang send it."""
     piece = tokenizer.decode([token_id])
-    entry: dict[str, Any] = {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
-    if top is not None:
-        entry["top_logprobs"] = [
+    return {
+        "token": piece,
+        "logprob": logprob,
+        "bytes": list(piece.encode("utf-8")),
+        "top_logprobs": [
             {"token": (p := tokenizer.decode([int(t[1])])), "logprob": t[0], "bytes": list(p.encode("utf-8"))}
-            for t in top
-        ]
-    return entry
+            for t in top or []
+        ],
+    }
 
 
 async def chat_completions(service: EngineService, request: Request) -> dict[str, Any]:
@@ -147,6 +177,7 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
         raise HTTPError(400, "stream=true is not supported by the embedded engine")
     if not 1 <= req.n <= 16:
         raise HTTPError(400, "n must be between 1 and 16")
+    refuse_unsupported(req)
     runner = service.runner
     extra = req.model_extra or {}
     messages, images = normalize_messages(req.messages, vision=runner.is_vision)
@@ -245,8 +276,93 @@ async def chat_completions(service: EngineService, request: Request) -> dict[str
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         },
-        "metadata": {"weight_version": service.engine.weight_version},
+        # SGLang's endpoint metadata: the reply's version and its spans (of the first choice)
+        "metadata": {"weight_version": results[0]["meta_info"]["weight_version"],
+                     "weight_versions": results[0]["meta_info"]["weight_versions"]},
     }
 
 
-__all__ = ["chat_completions", "normalize_messages", "text_size"]
+async def text_completions(service: EngineService, request: Request) -> dict[str, Any]:
+    """``POST /v1/completions``: one prompt (text or token ids), OpenAI's ``text_completion``
+    reply; ``logprobs: k`` gives OpenAI's legacy logprob lists."""
+    req: CompletionRequest = await service.parse(request, CompletionRequest)
+    if req.stream:
+        raise HTTPError(400, "stream=true is not supported by the embedded engine")
+    if req.echo:
+        raise BadRequest("echo=true is not supported by the embedded engine")
+    extra = req.model_extra or {}
+    for name in ("suffix",):
+        if extra.get(name):
+            raise BadRequest(f"{name} is not supported by the embedded engine")
+    if (extra.get("best_of") or 1) != 1:
+        raise BadRequest("best_of other than 1 is not supported by the embedded engine")
+    refuse_unsupported({**extra})
+    if not 1 <= req.n <= 16:
+        raise BadRequest("n must be between 1 and 16")
+    if req.logprobs is not None and not 0 <= req.logprobs <= 20:
+        raise BadRequest("logprobs must be between 0 and 20")
+    prompt: Any = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise BadRequest("a batch of prompts is not supported by the embedded engine; send one prompt")
+        prompt = prompt[0]
+    runner = service.runner
+    if isinstance(prompt, str):
+        check_prompt_chars(len(prompt), runner, service.limits, "the prompt")
+        ids = await run_in_threadpool(tokenize_bounded, runner.tokenizer, prompt, runner.max_context)
+    else:
+        ids = [int(t) for t in prompt]
+    chat_like = ChatCompletionRequest(messages=[], temperature=req.temperature, top_p=req.top_p,
+                                      max_tokens=req.max_tokens, stop=req.stop, **extra)
+    try:
+        sampling = _sampling(chat_like, service.config.default_max_tokens)
+    except (ValueError, TypeError) as exc:
+        raise BadRequest(f"invalid sampling parameters: {exc}") from None
+    want = req.logprobs is not None
+    gen_reqs = [
+        GenerateRequest(input_ids=ids, sampling_params=sampling.model_copy(
+            update={"sampling_seed": None if req.seed is None else req.seed + k}),
+            return_logprob=want, top_logprobs_num=req.logprobs or 0)
+        for k in range(req.n)
+    ]
+    prepared = await service.prepare(gen_reqs[0], heavy=False)
+    results = await asyncio.gather(*(service.submit(g, prepared, request) for g in gen_reqs))
+    tok = runner.tokenizer
+    choices = []
+    completion_tokens = 0
+    for index, res in enumerate(results):
+        meta = res["meta_info"]
+        completion_tokens += meta["completion_tokens"]
+        logprobs = None
+        if want:
+            pieces = [tok.decode([int(t[1])]) for t in meta["output_token_logprobs"]]
+            offsets, at = [], 0
+            for piece in pieces:
+                offsets.append(at)
+                at += len(piece)
+            tops = meta.get("output_top_logprobs") or []
+            logprobs = {
+                "tokens": pieces,
+                "token_logprobs": [float(t[0]) for t in meta["output_token_logprobs"]],
+                "top_logprobs": [{tok.decode([int(e[1])]): float(e[0]) for e in top or []} for top in tops]
+                if req.logprobs else None,
+                "text_offset": offsets,
+            }
+        choices.append({"index": index, "text": res["text"], "logprobs": logprobs,
+                        "finish_reason": _FINISH.get(meta["finish_reason"]["type"], "stop"),
+                        "matched_stop": meta["finish_reason"].get("matched")})
+    prompt_tokens = results[0]["meta_info"]["prompt_tokens"]
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": service.config.served_model_name,
+        "choices": choices,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+        "metadata": {"weight_version": results[0]["meta_info"]["weight_version"],
+                     "weight_versions": results[0]["meta_info"]["weight_versions"]},
+    }
+
+
+__all__ = ["chat_completions", "normalize_messages", "refuse_unsupported", "text_completions", "text_size"]

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import torch
 
+from relax_gym.protocol import weight_version_spans
 from relax_gym.vision import VisionInputs
 
 from relax_gym.trainer.engines.kv import BatchKV
@@ -48,6 +49,7 @@ from relax_gym.trainer.engines.sampling import (
     SamplingSpec,
     make_generator,
     prompt_logprobs,
+    prompt_top_logprobs,
     sample_next,
 )
 
@@ -76,10 +78,12 @@ class Sequence:
     output_top: list[list[tuple[float, int]] | None] = field(default_factory=list)
     output_versions: list[str] = field(default_factory=list)
     input_logprobs: list[float | None] | None = None
+    input_top: list[list[tuple[float, int]] | None] | None = None
     next_pos: int = 0  # text position of the next token fed to the model
     rope_delta: int = 0
     cached_tokens: int = 0
     prefilled_once: bool = False
+    retractions: int = 0  # SGLang's num_retractions: times the request left the batch and came back
     finish: dict[str, Any] | None = None
 
     def prefill_input(self, prefix: PrefixCache | None) -> SeqInput:
@@ -391,16 +395,23 @@ class EngineCore:
         self.stats.max_running = max(self.stats.max_running, len(self._running))
 
     def _input_logprobs(self, seq: Sequence, logits: torch.Tensor) -> list[float | None]:
-        """SGLang's input_token_logprobs from ``logprob_start_len``: the first is None."""
+        """SGLang's input_token_logprobs: one per prompt token from ``logprob_start_len``, the
+        first always None (SGLang computes each prompt token's logprob from the position before
+        it, and drops the one at the start), so a caller who wants token ``i`` asks from ``i - 1``."""
         ids = seq.prompt_ids
-        start = max(0, min(seq.logprob_start_len, len(ids)))
-        values: list[float | None] = [None] if start == 0 else []
-        lo = max(start, 1)
+        start = min(seq.logprob_start_len, len(ids))
+        if start >= len(ids):
+            return []
+        values: list[float | None] = [None]
+        seq.input_top = [None] if seq.top_logprobs_num > 0 else None
+        lo = start + 1
         if lo < len(ids):
-            targets = torch.tensor(ids[lo:])
-            values.extend(
-                prompt_logprobs(logits[lo - 1 : len(ids) - 1], targets, seq.spec.temperature, self.logprob_mode)
-            )
+            rows = logits[lo - 1 : len(ids) - 1]
+            values.extend(prompt_logprobs(rows, torch.tensor(ids[lo:]), seq.spec.temperature, self.logprob_mode))
+            if seq.input_top is not None:
+                seq.input_top.extend(
+                    prompt_top_logprobs(rows, seq.top_logprobs_num, seq.spec.temperature, self.logprob_mode)
+                )
         return values
 
     # -- decoding ------------------------------------------------------------------------------
@@ -492,6 +503,8 @@ class EngineCore:
             self._finish(seq, {"type": "abort", "message": message})
 
     def _retract_running(self) -> None:
+        for seq in self._running:
+            seq.retractions += 1
         self._held.extend(self._running)
         self._running = []
         self._kv = None
@@ -529,22 +542,31 @@ class EngineCore:
             "prompt_tokens": len(seq.prompt_ids),
             "completion_tokens": len(seq.output_ids),
             "cached_tokens": seq.cached_tokens,
+            "reasoning_tokens": 0,  # SGLang counts them only with a reasoning parser; we run none
+            "num_retractions": seq.retractions,
             "weight_version": self.weight_version,
+            # SGLang's spans over output_ids: a request paused in place can span an update
+            "weight_versions": weight_version_spans(seq.output_versions, self.weight_version),
             "e2e_latency": round(time.perf_counter() - seq.created, 6),
-            # Extension: run-length [version, n_tokens] pairs, for requests spanning an update.
-            "output_weight_versions": [[v, len(list(g))] for v, g in itertools.groupby(seq.output_versions)],
         }
         if seq.return_logprob:
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(seq.output_logprobs, seq.output_ids, strict=True)
             ]
-            if seq.input_logprobs is not None:
-                start = max(0, seq.logprob_start_len)
-                meta["input_token_logprobs"] = [
-                    [lp, t, None] for lp, t in zip(seq.input_logprobs, seq.prompt_ids[start:], strict=False)
-                ]
-            if seq.top_logprobs_num > 0:
-                meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in (top or [])] for top in seq.output_top]
+            meta["output_token_logprobs_length"] = len(seq.output_ids)
+            # SGLang: from logprob_start_len (-1: from the end of the prompt, i.e. none)
+            start = seq.logprob_start_len if seq.logprob_start_len >= 0 else len(seq.prompt_ids)
+            meta["input_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(seq.input_logprobs or [], seq.prompt_ids[start:], strict=False)
+            ]
+            top = seq.top_logprobs_num > 0
+            meta["output_top_logprobs"] = (
+                [[[lp, t, None] for lp, t in (entry or [])] for entry in seq.output_top] if top else []
+            )
+            meta["input_top_logprobs"] = (
+                [None if entry is None else [[lp, t, None] for lp, t in entry] for entry in seq.input_top or []]
+                if top else []
+            )
         return {"text": text, "output_ids": list(seq.output_ids), "meta_info": meta}
 
     def _shutdown(self) -> None:

@@ -105,7 +105,7 @@ def resolve_sampling(
     """Validate SGLang ``sampling_params`` and resolve them for the sampler."""
     extra = params.model_extra or {}
     for key, neutral in UNSUPPORTED_SAMPLING.items():
-        if key in extra and extra[key] != neutral and extra[key] is not None:
+        if key in extra and extra[key] != neutral and extra[key] not in (None, {}, []):
             raise BadRequest(f"sampling_params.{key}={extra[key]!r} is not supported by the embedded engine")
     if params.top_k == 0 or params.top_k < -1:
         raise BadRequest(f"sampling_params.top_k must be -1 (off) or >= 1, got {params.top_k}")

@@ -190,4 +190,21 @@ def prompt_logprobs(
     return lp.gather(1, targets[:, None]).squeeze(-1).tolist()
 
 
-__all__ = ["LogprobMode", "SampleOutput", "SamplingSpec", "make_generator", "prompt_logprobs", "sample_next"]
+def prompt_top_logprobs(
+    logits: torch.Tensor, k: int, temperature: float, mode: LogprobMode = "scaled"
+) -> list[list[tuple[float, int]]]:
+    """The ``k`` best ``(logprob, token_id)`` at each row of ``logits``, same convention."""
+    t = temperature if (temperature > 0 and mode == "scaled") else 1.0
+    values, ids = torch.log_softmax(logits.float() / t, dim=-1).topk(k, dim=-1)
+    return [list(zip(v, i, strict=True)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
+
+
+__all__ = [
+    "LogprobMode",
+    "SampleOutput",
+    "SamplingSpec",
+    "make_generator",
+    "prompt_logprobs",
+    "prompt_top_logprobs",
+    "sample_next",
+]

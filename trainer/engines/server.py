@@ -57,6 +57,7 @@ from starlette.routing import Route
 from relax_gym.protocol import (
     AbortRequest,
     GenerateRequest,
+    SamplingParams,
     InitWeightsUpdateGroupRequest,
     PauseGenerationRequest,
     UpdateWeightsFromDiskRequest,
@@ -64,7 +65,7 @@ from relax_gym.protocol import (
 )
 
 from relax_gym.trainer.engines.engine import EngineCore, make_sequence
-from relax_gym.trainer.engines.chat_completions import chat_completions
+from relax_gym.trainer.engines.chat_completions import chat_completions, text_completions
 from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
 from relax_gym.trainer.engines.model_runner import WeightUpdateError
 from relax_gym.trainer.engines.weight_receiver import (
@@ -341,6 +342,7 @@ class EngineService:
         self.config = config
         self.limits = config.input_limits()
         self.receiver = receiver or WeightReceiver()
+        self.model_path = config.model_path  # what the weights came from last (a disk update moves it)
         self.in_flight = 0
         self.unauthorized = 0
         self.bodies = BodyStats()
@@ -410,6 +412,9 @@ class EngineService:
         spec = resolve_sampling(req.sampling_params, self.runner, max_new_tokens_cap=self.config.max_new_tokens_cap)
         if not 0 <= req.top_logprobs_num <= 20:
             raise BadRequest("top_logprobs_num must be between 0 and 20")
+        if req.return_logprob and req.logprob_start_len > len(prepared.input_ids):
+            raise BadRequest(f"logprob_start_len={req.logprob_start_len} is higher than the number of input tokens "
+                             f"({len(prepared.input_ids)}); use a smaller logprob_start_len")
         rid = req.rid or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
@@ -443,7 +448,20 @@ class EngineService:
             raise HTTPError(400, str(result))
         if isinstance(result, BaseException):
             raise HTTPError(500, str(result), "InternalServerError")
+        if req.return_text_in_logprobs and req.return_logprob:
+            await run_in_threadpool(self._logprob_texts, result["meta_info"])
         return result
+
+    def _logprob_texts(self, meta: dict[str, Any]) -> None:
+        """SGLang's ``return_text_in_logprobs``: each triple's third item is its token's text."""
+        decode = self.runner.tokenizer.decode
+        for key in ("output_token_logprobs", "input_token_logprobs"):
+            for triple in meta.get(key) or []:
+                triple[2] = decode([int(triple[1])])
+        for key in ("output_top_logprobs", "input_top_logprobs"):
+            for row in meta.get(key) or []:
+                for triple in row or []:
+                    triple[2] = decode([int(triple[1])])
 
     async def _wait(self, fut: asyncio.Future[Any], rid: str, request: Request | None) -> Any:
         """Await the result; abort the request if the client goes away (as SGLang does)."""
@@ -461,6 +479,15 @@ class EngineService:
         )
         prepared = await self.prepare(req, heavy=self.is_heavy(request, req))
         return JSONResponse(await self.submit(req, prepared, request))
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("relax-gym")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _route(service: EngineService, fn: Callable[[Request], Awaitable[Response]], *, control: bool) -> Handler:
@@ -500,11 +527,14 @@ class _InfoRoutes:
         runner = self.engine.runner
         return JSONResponse(
             {
-                "model_path": self.cfg.model_path,
+                "model_path": self.service.model_path,
                 "tokenizer_path": self.cfg.model_path,
                 "is_generation": True,
                 "weight_version": self.engine.weight_version,
                 "served_model_name": self.cfg.served_model_name,
+                "load_format": "safetensors",
+                "reasoning_parser": self.cfg.reasoning_parser,
+                "tool_call_parser": "qwen25",  # the <tool_call> JSON blocks of tool_calls.py
                 "has_image_understanding": runner.is_vision,
                 "max_context_length": runner.max_context,
                 "vocab_size": runner.vocab_size,
@@ -530,21 +560,51 @@ class _InfoRoutes:
                 "weight_update_groups": service.receiver.group_names,
                 "pending_weight_group_joins": service.receiver.pending_joins,
                 "logprob_mode": self.engine.logprob_mode,
+                # SGLang's server args that clients read (weight sync: one group rank per TP rank)
+                "model_path": self.cfg.model_path,
+                "served_model_name": self.cfg.served_model_name,
+                "tp_size": 1,
+                "dp_size": 1,
+                "version": f"relax-gym-embedded {_package_version()}",
             }
         )
 
-    async def models(self, request: Request) -> Response:
-        model = {
+    async def health_generate(self, request: Request) -> Response:
+        """SGLang's deep health check: generate one token (greedy) through the engine."""
+        if not self.engine.alive:
+            return error_response(503, "engine thread is not running", "ServiceUnavailable")
+        req = GenerateRequest(input_ids=[0], sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0))
+        prepared = await self.service.prepare(req, heavy=False)
+        await self.service.submit(req, prepared, request)
+        return Response(status_code=200)
+
+    async def model_card(self, request: Request) -> Response:
+        """``GET /v1/models/{model}``: the card, or OpenAI's 404 for another name."""
+        name = request.path_params["model"]
+        if name != self.cfg.served_model_name:
+            return JSONResponse({"error": {"message": f"The model '{name}' does not exist",
+                                           "type": "invalid_request_error", "param": "model",
+                                           "code": "model_not_found"}}, status_code=404)
+        return JSONResponse(self._card())
+
+    def _card(self) -> dict[str, Any]:
+        return {
             "id": self.cfg.served_model_name,
             "object": "model",
             "created": int(self.engine.stats.started),
             "owned_by": "relax-gym",
             "root": self.cfg.model_path,
+            "max_model_len": self.engine.runner.max_context,
         }
-        return JSONResponse({"object": "list", "data": [model]})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._card()]})
 
     async def chat(self, request: Request) -> Response:
         return JSONResponse(await chat_completions(self.service, request))
+
+    async def completions(self, request: Request) -> Response:
+        return JSONResponse(await text_completions(self.service, request))
 
 
 class _ControlRoutes:
@@ -611,17 +671,29 @@ class _WeightRoutes:
 
     async def from_disk(self, request: Request) -> Response:
         req = await self.service.parse(request, UpdateWeightsFromDiskRequest)
-        return await self._update(
+        reply = await self._update(
             lambda: self.runner.load_from_disk(req.model_path), req.weight_version, req.abort_all_requests
         )
+        if reply.status_code == 200:  # SGLang's /model_info reports the folder loaded last
+            self.service.model_path = req.model_path
+        return reply
 
     async def from_tensor(self, request: Request) -> Response:
-        req = await self.service.parse(request, UpdateWeightsFromTensorRequest)
-        if req.load_format not in (None, "safetensors"):
+        data: dict[str, Any] = {}
+
+        def keep(raw: dict[str, Any]) -> None:
+            data.update(load_format=raw.get("load_format"))
+
+        req = await self.service.parse(request, UpdateWeightsFromTensorRequest, keep)
+        # SGLang's own items (load_format absent/None, "direct" or "flattened_bucket") are pickles
+        # carrying CUDA IPC handles: only a process on the same GPUs can make them, and
+        # unpickling a request body would let the caller run code here
+        if data["load_format"] != "safetensors":
             raise HTTPError(
                 400,
-                f"load_format {req.load_format!r} is not accepted: the embedded engine takes "
-                "base64 safetensors blobs (load_format='safetensors'), never pickles",
+                f"load_format {data['load_format']!r} is not accepted: SGLang's serialized tensors are pickles with "
+                "CUDA IPC handles, which the embedded engine never unpickles; send base64 safetensors blobs with "
+                "load_format='safetensors' (relax-gym's tensor transport does)",
             )
         named = await run_in_threadpool(
             lambda: [nt for item in req.serialized_named_tensors for nt in decode_named_tensors(item)]
@@ -668,11 +740,16 @@ def _route_table(service: EngineService) -> tuple[list[RouteRow], list[RouteRow]
     """(generation and info routes, control routes): path, handler, methods."""
     info, control, weights = _InfoRoutes(service), _ControlRoutes(service), _WeightRoutes(service)
     open_rows: list[RouteRow] = [
-        ("/get_model_info", info.model_info, ["GET"]),
+        ("/model_info", info.model_info, ["GET"]),
+        ("/server_info", info.server_info, ["GET"]),
+        ("/get_model_info", info.model_info, ["GET"]),  # SGLang's deprecated names, still served
         ("/get_server_info", info.server_info, ["GET"]),
+        ("/health_generate", info.health_generate, ["GET"]),
         ("/generate", service.generate, ["POST"]),
         ("/v1/chat/completions", info.chat, ["POST"]),
+        ("/v1/completions", info.completions, ["POST"]),
         ("/v1/models", info.models, ["GET"]),
+        ("/v1/models/{model:path}", info.model_card, ["GET"]),
     ]
     control_rows: list[RouteRow] = [
         ("/abort_request", control.abort, ["POST"]),

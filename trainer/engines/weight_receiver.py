@@ -162,21 +162,37 @@ def new_process_group(
     backend: str = "gloo",
     timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
 ) -> GroupHandle:
-    """A process group of its own over a TCPStore hosted by rank 0 (the trainer)."""
+    """A process group of its own over a TCPStore hosted by rank 0 (the trainer).
+
+    The store keys are laid out as SGLang's engine side lays them out, so the two sides meet:
+    SGLang's ``init_custom_process_group`` rendezvouses on ``tcp://address:port``, wraps the
+    store in ``PrefixStore(group_name)`` and hands it to torch's ``_new_process_group_helper``,
+    which adds ``PrefixStore(f"{group_name}/")`` and then one per device (``"cpu/"`` for gloo,
+    ``"cuda/"`` for nccl), and sets the group's sequence number through the store (rank 0
+    writes it, the others wait for it). We build the same chain from public classes instead of
+    calling torch's private helper, which would also register the group in torch's global
+    table (one name per process: a trainer and an embedded engine in one process would clash).
+    ``tests/engines/test_weight_group_layout.py`` checks the layout against torch's helper, and
+    ``tests/sglang_compat`` against SGLang's own function when it is installed.
+    """
     timeout = _dt.timedelta(seconds=timeout_s)
     store = dist.TCPStore(  # type: ignore[attr-defined]
         master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout
     )
-    prefixed = dist.PrefixStore(group_name, store)  # type: ignore[attr-defined]
+    device = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+    if device is None:
+        raise WeightTransportError(f"unsupported backend {backend!r}; expected 'gloo' or 'nccl'")
+    prefixed = dist.PrefixStore(  # type: ignore[attr-defined]
+        f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))  # type: ignore[attr-defined]
+    )
     group: Any
     if backend == "gloo":
         group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    elif backend == "nccl":  # trainer side against SGLang on GPUs
+    else:  # nccl: trainer side against SGLang on GPUs
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
-    else:
-        raise WeightTransportError(f"unsupported backend {backend!r}; expected 'gloo' or 'nccl'")
+    group._set_sequence_number_for_group()
     return GroupHandle(group, store, rank, world_size)
 
 

@@ -40,6 +40,7 @@ from relax_gym.protocol import (
     SamplingParams,
 )
 from relax_gym.types import Action, Message, Observation, ToolCall
+from relax_gym.vision import collapse_image_tokens
 
 from relax_gym.trainer.rollout.config import RolloutConfig
 from relax_gym.trainer.rollout.metrics import RolloutMetrics
@@ -147,6 +148,7 @@ class EpisodeRunner:
         self.reward_components: dict[str, float] = {}
         self.success = False
         self._requests = 0
+        self._prompt_len = 0  # prompt tokens of the last request, image pads expanded
         stops = sorted(set(config.stop_token_ids or []) | codec.reserved_ids)
         self._stop_ids: list[int] | None = stops or None
 
@@ -329,8 +331,15 @@ class EpisodeRunner:
         if cfg.sampling_seed is not None:  # reproducible per (run seed, group, sample, request)
             key = f"{cfg.sampling_seed}:{self.spec.group}:{self.sample_index}:{self._requests}"
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
+        ids = part.chat.ids + segment.ids
+        self._prompt_len = len(ids)  # the prompt the engine should report (pads expanded)
+        if part.chat.payloads and self.codec.vision is not None:
+            # one image pad per image, as the chat template renders it: SGLang's Qwen3-VL
+            # processor expands each pad itself and keeps every other id as sent, while a run of
+            # pads would be read as one image per pad (the embedded engine takes either form)
+            ids = collapse_image_tokens(ids, self.codec.vision.image_token_id)
         return GenerateRequest(
-            input_ids=part.chat.ids + segment.ids,
+            input_ids=ids,
             image_data=list(part.chat.payloads) or None,
             sampling_params=SamplingParams(
                 max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
@@ -418,7 +427,7 @@ class EpisodeRunner:
         if problem is not None:
             self.metrics.engine_errors["malformed_reply"] += 1
             raise _EpisodeStop("engine_error", f"{engine_id}: malformed reply: {problem}")
-        expected_prompt = len(request.input_ids or [])
+        expected_prompt = self._prompt_len
         if reply.meta_info.prompt_tokens and reply.meta_info.prompt_tokens != expected_prompt:
             self.metrics.engine_prompt_mismatch += 1
         versions = _token_versions(reply, len(ids))
@@ -559,17 +568,10 @@ class EpisodeRunner:
 
 
 def _token_versions(reply: GenerateResponse, n: int) -> list[int]:
-    """Per-token weight versions: the embedded engine's run-length ``output_weight_versions``
-    when present (a request can span an in-place update), else the reply's ``weight_version``."""
-    runs = getattr(reply.meta_info, "output_weight_versions", None)
-    if isinstance(runs, list):
-        out: list[int] = []
-        for item in runs:
-            if isinstance(item, (list, tuple)) and len(item) == 2:
-                out.extend([parse_weight_version(item[0])] * int(item[1]))
-        if len(out) == n:
-            return out
-    return [parse_weight_version(reply.meta_info.weight_version)] * n
+    """Per-token weight versions from SGLang's ``meta_info.weight_versions`` spans (a request
+    paused in place can span an update: tokens sampled before it keep the older version), else
+    the reply's ``weight_version`` for every token."""
+    return [parse_weight_version(v) for v in reply.meta_info.token_versions(n)]
 
 
 def _tool_calls(info: dict[str, Any]) -> list[ToolCall]:

@@ -57,9 +57,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+async def engine_ranks(client: EngineClient, configured: int | None) -> int:
+    """The group ranks one engine joins with: SGLang's rank is ``rank_offset + tp_rank``, so an
+    engine takes its TP size (``configured``, else its ``tp_size`` in ``/server_info``; 1 when it
+    reports none, as the embedded engine's single rank)."""
+    if configured is not None:
+        return configured
+    try:
+        info = await client.server_info()
+    except EngineError as exc:
+        raise WeightGroupError(f"cannot read {client.base_url}/server_info for its tp_size: {exc}; "
+                               "set engine.distributed.ranks_per_engine") from None
+    tp = info.get("tp_size", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise WeightGroupError(f"{client.base_url}/server_info reports tp_size={tp!r}; "
+                               "set engine.distributed.ranks_per_engine")
+    return tp
+
+
 class _Group:
-    """Rank 0 of one weight-update group over fixed members (``ranks_per_engine`` ranks each: an
-    SGLang engine joins with its tensor-parallel size)."""
+    """Rank 0 of one weight-update group over fixed members; each engine joins with ``ranks[i]``
+    ranks from ``rank_offset`` (an SGLang engine with TP > 1 takes TP ranks)."""
 
     def __init__(self, urls: Sequence[str], settings: DistributedSyncConfig, *, api_key: str | None, port: int,
                  group_name: str) -> None:
@@ -67,7 +85,8 @@ class _Group:
         self.settings = settings
         self.port = port
         self.group_name = group_name
-        self.world_size = 1 + settings.ranks_per_engine * len(self.urls)
+        self.ranks: list[int] = []  # per engine, read in open()
+        self.world_size = 0
         cuda = settings.backend == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # the engines answer within their own group timeout; wait a little longer than ours
@@ -77,10 +96,13 @@ class _Group:
     async def open(self) -> None:
         """Every engine joins while rank 0 opens the group; the first refusal fails at once."""
         s = self.settings
+        self.ranks = list(await asyncio.gather(*(engine_ranks(c, s.ranks_per_engine) for c in self.clients)))
+        self.world_size = 1 + sum(self.ranks)
+        offsets = [1 + sum(self.ranks[:i]) for i in range(len(self.ranks))]
         calls = [asyncio.create_task(c.init_weights_update_group(InitWeightsUpdateGroupRequest(
-            master_address=s.master_address, master_port=self.port, rank_offset=1 + i * s.ranks_per_engine,
+            master_address=s.master_address, master_port=self.port, rank_offset=offset,
             world_size=self.world_size, group_name=self.group_name, backend=s.backend)))
-            for i, c in enumerate(self.clients)]
+            for offset, c in zip(offsets, self.clients, strict=True)]
         box: list[GroupHandle] = []
 
         def rendezvous() -> None:
@@ -228,4 +250,4 @@ class BroadcastTransport(WeightTransport):
                 log.debug("closing the weight group failed", exc_info=True)
 
 
-__all__ = ["BroadcastTransport", "free_port"]
+__all__ = ["BroadcastTransport", "engine_ranks", "free_port"]

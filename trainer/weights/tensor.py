@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from relax_gym.protocol import EngineClient, UpdateWeightsFromTensorRequest
+from relax_gym.protocol import EngineClient, EngineError, UpdateWeightsFromTensorRequest
 from relax_gym.trainer.engines.weight_receiver import encode_named_tensors
 from relax_gym.trainer.weights.transport import (
     Delivery,
     WeightSource,
+    WeightSyncFailed,
     WeightTransport,
     gather_failures,
     nbytes,
@@ -31,11 +32,31 @@ class TensorTransport(WeightTransport):
         self.api_key = api_key
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
+        self._checked: set[str] = set()  # engines whose /server_info said they take our items
+
+    async def _refuse_sglang(self, client: EngineClient) -> None:
+        """Real SGLang accepts our safetensors items at the HTTP layer and then fails inside
+        ("Unknown load_format"): refuse it up front, by the ``version`` its ``/server_info`` reports
+        (the embedded engine's starts with ``relax-gym-embedded``; an unreadable one is let through)."""
+        if client.base_url in self._checked:
+            return
+        try:
+            version = (await client.server_info()).get("version")
+        except EngineError:
+            version = None
+        if isinstance(version, str) and version and not version.startswith("relax-gym-embedded"):
+            raise WeightSyncFailed(
+                f"{client.base_url} runs SGLang {version}: engine.sync 'tensor' works with embedded engines only "
+                "(SGLang's /update_weights_from_tensor takes its own pickled CUDA IPC items, one per TP rank); "
+                "use engine.sync 'distributed' (nccl) or 'disk'")
+        self._checked.add(client.base_url)
 
     async def send(self, source: WeightSource, version: str, urls: Sequence[str]) -> Delivery:
         clients = {u: EngineClient(u, api_key=self.api_key, timeout_s=self.timeout_s) for u in urls}
         out = Delivery()
         try:
+            for client in clients.values():
+                await self._refuse_sglang(client)
             for bucket, last in with_last(source.buckets(self.bucket_bytes)):
                 out.buckets += 1
                 out.bytes += nbytes(bucket)
