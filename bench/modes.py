@@ -1,14 +1,14 @@
 """Colocate against fully_async (embedded and Ray runtimes) on the same workload, in one run.
 
-    python bench/modes.py [--steps 16] [--rounds 2] [--runs colocate,async,async-inproc,ray] [--out /tmp/bench-modes]
+    python bench/modes.py [--steps 16] [--rounds 2] [--runs colocate,async,async-proc,ray] [--out /tmp/bench-modes]
                           [--plot docs/modes_timeline.png] [--json results.json]
 
 The workload: a tiny random Qwen3 (tiny BPE vocabulary) learning a one-turn text task with GRPO
 ("reply with vowels": the reward is the fraction of vowels among the reply's letters, success is
 at least three quarters), one embedded engine with 1 torch thread, a trainer with 1 torch thread. Every run
 uses the same model, seed, data order and hyperparameters; only ``mode`` / ``async_rl.runtime``
-differ (``async`` is the default embedded runtime, with the learner in its own process;
-``async-inproc`` sets ``async_rl.learner_process=false``: every role in one process).
+differ (``async`` is the default embedded runtime, every role in one process; ``async-proc``
+sets ``async_rl.learner_process=true``: the learner in a child process of its own).
 
 Reported, from each run's metrics:
 
@@ -96,8 +96,8 @@ def run_one(model: Path, root: Path, kind: str, steps: int, round_: int = 0) -> 
         raw["mode"] = "colocate"
     else:
         raw["mode"] = "fully_async"
-        if kind == "async-inproc":  # the embedded runtime with every role in one process (the old default)
-            raw["async_rl"]["learner_process"] = False
+        if kind == "async-proc":  # the embedded runtime with the learner in a child process of its own
+            raw["async_rl"]["learner_process"] = True
         if kind == "ray":
             raw["async_rl"].update({"runtime": "ray", "ray": {"num_cpus": 2, "trainer": {"num_cpus": 1},
                                                               "engine": {"num_cpus": 1}}})
@@ -154,7 +154,7 @@ def summarize(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     if "colocate" in out:
         c = out["colocate"]
         c["bound"] = (c["R_s"] + c["T_s"]) / max(c["R_s"], c["T_s"])
-        for kind in ("async", "async-inproc", "ray"):
+        for kind in ("async", "async-proc", "ray"):
             if kind in out:
                 out[kind]["speedup"] = c["step_s"] / out[kind]["step_s"]
                 out[kind]["fraction_of_bound"] = out[kind]["speedup"] / c["bound"]
@@ -170,11 +170,11 @@ def plot(results: dict[str, dict[str, Any]], path: Path, window_s: float = 30.0)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lanes = [k for k in ("colocate", "async", "async-inproc", "ray") if k in results]
+    lanes = [k for k in ("colocate", "async", "async-proc", "ray") if k in results]
     fig, axes = plt.subplots(len(lanes), 1, figsize=(11, 2.1 * len(lanes)), sharex=True, squeeze=False)
     colors = {"rollout": "#4C72B0", "train": "#DD8452"}
     titles = {"async": "fully_async, embedded runtime (max_staleness 1): rollout groups overlap training",
-              "async-inproc": "fully_async, embedded runtime, learner_process=false: one process for every role",
+              "async-proc": "fully_async, embedded runtime, learner_process=true: the trainer in its own process",
               "ray": "fully_async, Ray runtime (max_staleness 1): the trainer in its own actor process"}
     for ax, kind in zip(axes[:, 0], lanes, strict=True):
         if kind == "colocate":
@@ -208,7 +208,7 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = ["| run | step (s) | R (s) | T (s) | bound | speed-up | of bound | held-out success start -> end [95% CI] |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     c = summary.get("colocate", {})
-    for kind in ("colocate", "async", "async-inproc", "ray"):
+    for kind in ("colocate", "async", "async-proc", "ray"):
         if kind not in summary:
             continue
         e = summary[kind]

@@ -83,12 +83,13 @@ def test_relax_gym_train_runs_fully_async_through_the_modes_runner(
         tiny_model: Path, engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A short real fully_async run started by ``relax-gym train``: the files only the
     asynchronous runner writes (ledger, timeline, the summary's mode and runtime) are there.
-    The learner ran in a child process of its own, and found the env although no
-    ``async_rl.imports`` names its module (the module that registered it here is imported there)."""
+    With ``async_rl.learner_process`` the learner runs in a child process of its own, and finds
+    the env although no ``async_rl.imports`` names its module (the module that registered it here
+    is imported there)."""
     out = tmp_path / "run"
     path = tmp_path / "run.yaml"
     raw = config_dict(tiny_model, out, [engine.url], train={"steps": 2})
-    raw["async_rl"]["imports"] = []
+    raw["async_rl"].update({"imports": [], "learner_process": True})
     path.write_text(yaml.safe_dump(raw))
     assert main(["train", str(path)]) == 0
     assert "done (fully_async): 2 RL steps" in capsys.readouterr().out

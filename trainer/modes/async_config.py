@@ -74,12 +74,13 @@ class AsyncConfig(_Section):
         2, ge=0, description="a crashed reward worker is retried this many times, then its samples are "
         "marked reward-failed (rewards.failed decides drop or zero)")
     runtime: Literal["embedded", "ray"] = Field(
-        "embedded", description="embedded: this machine, no cluster (the trainer in a child process, asyncio + "
-        "engine subprocesses); ray: every role an actor")
+        "embedded", description="embedded: this machine, no cluster (asyncio + engine subprocesses); ray: every "
+        "role an actor")
     learner_process: bool = Field(
-        True, description="embedded runtime: run the trainer role in its own child process, so its steps do not "
-        "share the interpreter lock with rollout generation; false keeps every role in this process (envs "
-        "registered at run time, outside async_rl.imports and the script's module level, are then seen)")
+        False, description="embedded runtime: run the trainer role in a child process of its own, so its steps do "
+        "not share the interpreter lock with rollout generation. Off by default: on a 2-core machine the extra "
+        "runnable process costs more than the lock (docs/benchmarks.md, 'Async modes'); try it with cores to spare "
+        "and many engines feeding one driver")
     ray: RayConfig = Field(default_factory=RayConfig)
     imports: list[str] = Field(
         default_factory=list, description="modules imported in every process before envs/rewards are made "

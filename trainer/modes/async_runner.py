@@ -15,10 +15,9 @@ One loop, whatever the runtime (it only holds :mod:`roles <.roles>`)::
         checkpoint when due                model + queue contents + producer state (+ pending)
     producer.stop(); learner.finish()      final eval and checkpoint (nothing queued is lost)
 
-The embedded runtime (:class:`EmbeddedRuntime`, the default) needs no cluster: the learner runs
-in a child process of its own (:mod:`.process_role`; its steps then do not share the interpreter
-lock with generation), every other role in this process (one asyncio loop, worker threads),
-engines as subprocesses. The Ray
+The embedded runtime (:class:`EmbeddedRuntime`, the default) needs no cluster: every role in this
+process (one asyncio loop, worker threads; or, with ``async_rl.learner_process``, the learner in a
+child process of its own, :mod:`.process_role`), engines as subprocesses. The Ray
 runtime (:mod:`.ray_runtime`) builds them as actors. Neither the loop nor the algorithm code
 knows which one it runs on.
 """
@@ -52,9 +51,9 @@ def import_modules(names: list[str]) -> None:
 # the embedded runtime
 # ------------------------------------------------------------------------------------------------
 class EmbeddedRuntime:
-    """Every role on this machine without a cluster: the learner in a child process of its own
-    (``async_rl.learner_process``, the default) or in this one; the producer, queue, reward and
-    logprob workers in this process (asyncio + worker threads); engines as subprocesses."""
+    """Every role on this machine without a cluster: the learner in this process (the default)
+    or in a child process of its own (``async_rl.learner_process``); the producer, queue, reward
+    and logprob workers in this process (asyncio + worker threads); engines as subprocesses."""
 
     def __init__(self) -> None:
         self._learner: Any = None  # the Learner object, when it lives in this process

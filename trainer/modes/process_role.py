@@ -1,10 +1,10 @@
-"""A role hosted in a child process of this one: the embedded runtime's learner in its own interpreter.
+"""A role hosted in a child process of this one: the embedded runtime's learner in its own
+interpreter, when ``async_rl.learner_process`` asks for it.
 
 Why: in one Python process the trainer's step shares the interpreter lock with the rollout
-producer (HTTP, chat-template deltas, env steps, reward calls) and with the weight push, so with a
-small, dispatch-bound model the training step slows by half and fully_async falls far short of
-its overlap bound (the Ray runtime, which gives the trainer its own actor process, did not).
-A :class:`ProcessRole` gives the learner its own process without a cluster: one ``spawn``-ed
+producer (HTTP, chat-template deltas, env steps, reward calls), which matters when many engines
+feed one driver and there are cores to spare. (On a 2-core machine a third runnable process costs
+more than the lock, so the default keeps one process: see docs/async.md.) A :class:`ProcessRole` gives the learner its own process without a cluster: one ``spawn``-ed
 child (no fork of a process that holds threads and an event loop), driven over a pipe.
 
 The protocol is small: the parent sends ``(call_id, method, args, kwargs)``; the child runs
