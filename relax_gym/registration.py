@@ -176,8 +176,13 @@ class EnvSpec:
         return EpisodeGuard(env, max_turns=max_turns or self.max_turns or env.max_turns)
 
     # -- declared properties, falling back to the class attributes -----------------------------
-    def _cls_attr(self, attr: str, default: Any) -> Any:
+    def _target_class(self) -> Any:
+        """The env class behind the entry point: itself, or a factory's ``env_class``."""
         target = self.load()
+        return getattr(target, "env_class", target)
+
+    def _cls_attr(self, attr: str, default: Any) -> Any:
+        target = self._target_class()
         return getattr(target, attr, default) if isinstance(target, type) else default
 
     def resolved_modalities(self) -> tuple[str, ...]:
@@ -190,7 +195,7 @@ class EnvSpec:
         return self.max_turns if self.max_turns is not None else int(self._cls_attr("max_turns", 1))
 
     def has_oracle(self) -> bool:
-        target = self.load()
+        target = self._target_class()
         return isinstance(target, type) and getattr(target, "oracle", Env.oracle) is not Env.oracle
 
     def summary(self) -> dict[str, Any]:
