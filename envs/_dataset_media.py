@@ -16,6 +16,7 @@ every other input.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -40,15 +41,25 @@ def items_of(cell: Any) -> list[Any]:
     return [cell]
 
 
+_B64 = re.compile(r"^[A-Za-z0-9+/\s]+={0,2}$")
+
+
+def _is_inline(text: str) -> bool:
+    """A data URL or base64 text rather than a path (a path may contain '/', as base64 does)."""
+    if text.startswith("data:"):
+        return True
+    return len(text) >= 64 and _B64.fullmatch(text) is not None and "." not in text[-8:]
+
+
 def _resolve_path(path: str, root: Path | None) -> str:
-    if path.startswith("data:") or os.path.isabs(path) or root is None:
+    if _is_inline(path) or os.path.isabs(path) or root is None:
         return path
     return str(root / path)
 
 
 def item_path(item: Any, root: Path | None) -> str | None:
     """The file an item points at, when it is only a path (no bytes); else None."""
-    if isinstance(item, str) and not item.startswith("data:") and len(item) < 4096:
+    if isinstance(item, str) and not _is_inline(item) and len(item) < 4096:
         return _resolve_path(item, root)
     if isinstance(item, Mapping) and not item.get("bytes") and isinstance(item.get("path"), str):
         return _resolve_path(item["path"], root)
@@ -60,12 +71,7 @@ def is_missing(item: Any, root: Path | None) -> bool:
     path = item_path(item, root)
     if path is None:
         return isinstance(item, Mapping) and not item.get("bytes") and not item.get("path") and "array" not in item
-    return not path.startswith("data:") and not os.path.exists(path) and _looks_like_file(path)
-
-
-def _looks_like_file(path: str) -> bool:
-    # base64 text is also a str; only strings that look like paths count as missing files
-    return os.sep in path or "." in Path(path).name
+    return not os.path.exists(path)
 
 
 def _source(item: Any, root: Path | None) -> Any:

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from relax_gym.answers import last_boxed
 from relax_gym.errors import RelaxGymError
 from relax_gym.media import encode_audio, encode_image, encode_video
 from relax_gym.types import AudioPart, ImagePart, Message, TextPart, VideoPart
@@ -90,6 +91,8 @@ def export_env(env_id: str, episodes: int, out: str | Path, *, seed: int = 0,
         answer = getattr(task, "answer", None)
         reply = next(iter(env.oracle()))
         reply_text = reply if isinstance(reply, str) else reply.text
+        if answer is None:  # an env without a canonical answer: the oracle's boxed reply is one
+            answer = last_boxed(reply_text)
         _, _, _, _, info = env.step(reply_text)
         ok = bool(info.get("success"))
         successes += ok
@@ -115,13 +118,17 @@ def export_env(env_id: str, episodes: int, out: str | Path, *, seed: int = 0,
     }
     media_features = {"images": datasets.Image(), "audio": datasets.Audio(decode=False),
                       "video": datasets.Video(decode=False)}
-    for key, feat in media_features.items():
+    stored = {"bytes": datasets.Value("binary"), "path": datasets.Value("string")}
+    for key in media_features:
         if has[key]:
-            features[key] = datasets.List(feat)
+            features[key] = datasets.List(stored)
         else:
             for r in rows:
                 r.pop(key)
     ds = datasets.Dataset.from_list(rows, features=datasets.Features(features))
+    for key, feat in media_features.items():
+        if has[key]:  # a cast of the stored bytes: no encoder runs (datasets' Audio encoder needs torchcodec)
+            ds = ds.cast_column(key, datasets.List(feat))
     out.parent.mkdir(parents=True, exist_ok=True)
     ds.to_parquet(str(out))
     config: dict[str, Any] = {"path": out.name, "prompt": "prompt", "answer": "answer", "oracle_column": "oracle",
