@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from relax_gym.core import Env, StepResult
 from relax_gym.errors import RelaxGymError
-from relax_gym.registration import EnvSpec, register
+from relax_gym.registration import WRAPPER_KWARGS, EnvSpec, register
 from relax_gym.types import MODALITIES, Action, Message, Observation
 
 from ._dataset_source import DatasetConfigError, DatasetSource, RowError, RowTask, SourceOptions, source_for
@@ -79,7 +79,6 @@ class DatasetOptions(BaseModel):
     oracle_column: str | None = Field(None, description="a column holding the oracle's full reply instead")
     tools: list[str] = Field(default_factory=list, description="tools for every row: built-in names or module:attr")
     tools_column: str | None = None
-    mcp_servers: list[Any] = Field(default_factory=list, description="MCP servers whose tools are offered")
     max_tool_calls: int = Field(8, ge=0)
     tool_parser: str = "hermes"
     tool_timeout_s: float = Field(60.0, gt=0)
@@ -184,7 +183,7 @@ class DatasetEnv(Env):
     @property
     def uses_tools(self) -> bool:
         o = self.options
-        return bool(o.tools or o.tools_column or o.mcp_servers)
+        return bool(o.tools or o.tools_column)
 
     # -- episodes -------------------------------------------------------------------------------
     def reset(
@@ -297,7 +296,7 @@ class DatasetEnv(Env):
         return self.options.oracle_format.format(answer=answer)
 
     def tools(self) -> list[Any]:
-        """The tools of this episode: the env's, the row's own, and the MCP servers' (ToolEnv asks)."""
+        """The tools of this episode: the env's and the row's own (ToolEnv asks at each reset)."""
         out = list(self._static_tools)
         names = {t.name for t in out}
         if self.task is not None:
@@ -305,10 +304,6 @@ class DatasetEnv(Env):
                 if name not in names:
                     out.append(_resolve_tool(name))
                     names.add(name)
-        for t in getattr(self, "_mcp_tools", []):
-            if t.name not in names:
-                out.append(t)
-                names.add(t.name)
         return out
 
     def report(self) -> dict[str, Any]:
@@ -365,17 +360,13 @@ def _resolve_tool(name: str) -> Any:
 # ------------------------------------------------------------------------------------------------
 def make_dataset_env(**kwargs: Any) -> Env:
     """The ``relax/Dataset-v0`` entry point: a :class:`DatasetEnv`, wrapped in a ToolEnv when
-    it has tools (``tools``, ``tools_column`` or ``mcp_servers``)."""
+    it has tools (``tools`` or ``tools_column``; ``mcp_servers`` is taken by ``relax_gym.make``)."""
     env = DatasetEnv(**kwargs)
     if not env.uses_tools:
         return env
     from relax_gym.tools import ToolEnv
 
     o = env.options
-    if o.mcp_servers:
-        from relax_gym.tools.mcp import attach_mcp_tools
-
-        attach_mcp_tools(env, o.mcp_servers, timeout_s=o.tool_timeout_s)
     return ToolEnv(env, parser=o.tool_parser, max_tool_calls=o.max_tool_calls, tool_timeout_s=o.tool_timeout_s)
 
 
@@ -385,7 +376,7 @@ make_dataset_env.env_class = DatasetEnv  # type: ignore[attr-defined]  # what th
 def from_dataset(id: str, *, override: bool = False, description: str = "", **kwargs: Any) -> EnvSpec:
     """Register ``id`` as a dataset env with these keywords (checked now: the file is opened,
     the columns and the reward resolved, the first rows built). Returns the spec."""
-    env = make_dataset_env(**kwargs)
+    env = make_dataset_env(**{k: v for k, v in kwargs.items() if k not in WRAPPER_KWARGS})
     try:
         modalities = tuple(env.modalities)
         tags = tuple(env.tags)
