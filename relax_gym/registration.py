@@ -182,15 +182,17 @@ class EnvSpec:
                 f"{self.id}: entry point returned {type(env).__name__}, which is not a relax_gym.Env"
             )
         env.unwrapped.spec = replace(self, kwargs=merged)  # type: ignore[assignment]
+        limit = self.max_turns
         for key, target in WRAPPER_KWARGS.items():
             if merged.get(key):
+                limit = None  # a wrapper (tools) lengthens episodes: its own max_turns stands
                 module_name, _, attr = target.partition(":")
                 try:
                     env = getattr(importlib.import_module(module_name), attr)(env, merged[key])
                 except BaseException:
                     env.close()
                     raise
-        return EpisodeGuard(env, max_turns=max_turns or self.max_turns or env.max_turns)
+        return EpisodeGuard(env, max_turns=max_turns or limit or env.max_turns)
 
     # -- declared properties, falling back to the class attributes -----------------------------
     def _target_class(self) -> Any:

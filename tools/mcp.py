@@ -218,7 +218,7 @@ class MCPConnection:
             what = f"command {' '.join(c.command)!r}" if c.command else f"url {c.url!r}"
             tail = self._stderr_tail()
             reason = "did not answer within %.0f s" % c.startup_timeout_s if isinstance(exc, TimeoutError) else \
-                f"{type(exc).__name__}: {_first_line(exc)}"
+                f"{type(_leaf(exc)).__name__}: {_first_line(exc)}"
             raise MCPServerError(
                 f"MCP server {c.label!r} ({what}) did not start: {reason}" + (f"\nits stderr ends:\n{tail}" if tail else "")
             ) from None
@@ -292,7 +292,7 @@ class MCPConnection:
         except Exception as exc:  # noqa: BLE001 - a crash, a closed pipe, a protocol error
             self._broken = True
             self.stats.add(errors=1, timeouts=int("timed out" in str(exc)))
-            raise MCPCallError(f"the server failed ({type(exc).__name__}: {_first_line(exc)}); "
+            raise MCPCallError(f"the server failed ({type(_leaf(exc)).__name__}: {_first_line(exc)}); "
                                "it is restarted") from None
 
 
@@ -300,10 +300,16 @@ class MCPCallError(RelaxGymError):
     """One call failed for a reason outside the tool (timeout, crash, protocol)."""
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside anyio's task-group wrappers."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def _first_line(exc: BaseException) -> str:
+    exc = _leaf(exc)
     text = str(exc).strip()
-    if not text and isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        return _first_line(exc.exceptions[0])
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
@@ -324,8 +330,13 @@ def connect(config: MCPServerConfig) -> MCPConnection:
 
 def stats() -> dict[str, dict[str, int]]:
     """Calls, errors, timeouts and restarts of every MCP server this process started."""
+    out: dict[str, dict[str, int]] = {}
     with _CONNECTIONS_LOCK:
-        return {c.config.label: c.stats.to_dict() for c in _CONNECTIONS.values()}
+        for c in _CONNECTIONS.values():  # two configs of one server (other tools/prefix) add up
+            mine = out.setdefault(c.config.label, dict.fromkeys(("calls", "errors", "timeouts", "restarts"), 0))
+            for k, v in c.stats.to_dict().items():
+                mine[k] += v
+    return out
 
 
 def close_all() -> None:
