@@ -281,6 +281,9 @@ def test_from_dataset_registers_an_id_that_suites_and_eval_use(tmp_path: Path) -
     code = main(["eval", "--suite", "test-data/mixed-v0", "--agent", "oracle", "--out", str(tmp_path / "e2"),
                  "--no-progress", "--json"])
     assert code == 0
+    page = tmp_path / "board.md"
+    assert main(["leaderboard", "--no-db", "--format", "md", "--out", str(page), str(out), str(tmp_path / "e2")]) == 0
+    assert "test-data/File-v0" in page.read_text() and "test-data/Math-v0" in page.read_text()
 
 
 # -- bad input ---------------------------------------------------------------------------------
