@@ -410,22 +410,43 @@ class DatasetSource:
     def _filter_missing_media(self, indices: np.ndarray) -> np.ndarray:
         if not self.options.drop_missing_media or not self.options.media_columns():
             return indices
-        cols = {col: self.dataset.data.column(col) for _, col in self.options.media_columns()}
         keep = np.ones(len(indices), dtype=bool)
-        chunk = 65536
-        for lo in range(0, len(indices), chunk):
-            part = indices[lo:lo + chunk]
-            for col, arr in cols.items():
-                values = arr.take(part).to_pylist()
-                for j, cell in enumerate(values):
-                    if not keep[lo + j]:
-                        continue
-                    row = int(part[j])
-                    root = self.file_of(row).root
-                    if any(is_missing(item, root) for item in items_of(cell)):
+        for _, col in self.options.media_columns():
+            arr = self.dataset.data.column(col)
+            for f in self.files:
+                lo, hi = np.searchsorted(indices, [f.start, f.stop])
+                if lo == hi:
+                    continue
+                part = indices[lo:hi]
+                values = arr.take(part)
+                missing = self._missing_paths(values, f.root)
+                if missing is None:  # not a plain string column: look at each cell
+                    flags = [any(is_missing(item, f.root) for item in items_of(cell)) for cell in values.to_pylist()]
+                    bad = np.flatnonzero(np.array(flags, dtype=bool))
+                else:
+                    bad = missing
+                for j in bad:
+                    if keep[lo + j]:
                         keep[lo + j] = False
-                        self.report.drop("missing media", f"{self.where(row)} column {col!r}")
+                        self.report.drop("missing media", f"{self.where(int(part[j]))} column {col!r}")
         return indices[keep]
+
+    @staticmethod
+    def _missing_paths(values: Any, root: Path | None) -> np.ndarray | None:
+        """Positions of rows whose path does not exist, checking each distinct path once (a
+        million rows often name far fewer files); None when the column is not plain strings."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+            return None
+        values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+        distinct = pc.unique(values).to_pylist()
+        gone = [v for v in distinct if v is not None and is_missing(v, root)]
+        if not gone:
+            return np.zeros(0, dtype=np.int64)
+        mask = pc.is_in(values, value_set=pa.array(gone, type=values.type))
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
 
     def _filter_long_prompts(self, indices: np.ndarray) -> np.ndarray:
         o = self.options

@@ -236,7 +236,7 @@ class DatasetEnv(Env):
         return await self.astep_inner(Action.coerce(action))
 
     async def astep_inner(self, action: Action) -> StepResult:
-        from relax_gym.rewards import RewardComposer, RewardInput
+        from relax_gym.rewards import RewardInput
 
         task = self._require_task()
         composer = self._composer(task)
@@ -255,7 +255,6 @@ class DatasetEnv(Env):
         }
         if result.failed:
             info["reward_error"] = result.error
-        assert isinstance(composer, RewardComposer)
         return Observation(), total, True, False, info
 
     def _composer(self, task: RowTask) -> Any:
