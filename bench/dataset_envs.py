@@ -117,7 +117,7 @@ def main() -> int:
         t0 = time.perf_counter()
         env = relax_gym.make("relax/Dataset-v0", **kwargs)
         out["open_s"] = time.perf_counter() - t0
-        from relax_gym.envs._dataset_source import _SOURCES
+        from relax_gym.envs.dataset_source import _SOURCES
 
         _SOURCES.clear()  # open again: the Arrow cache is there now
         t0 = time.perf_counter()

@@ -50,7 +50,7 @@ from relax_gym.errors import RelaxGymError
 from relax_gym.registration import WRAPPER_KWARGS, EnvSpec, register
 from relax_gym.types import MODALITIES, Action, Message, Observation
 
-from ._dataset_source import DatasetConfigError, DatasetSource, RowError, RowTask, SourceOptions, source_for
+from .dataset_source import DatasetConfigError, DatasetSource, RowError, RowTask, SourceOptions, source_for
 
 _PATH_KEYS = ("path", "media_root", "tokenizer", "cache_dir")
 

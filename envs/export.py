@@ -63,7 +63,7 @@ def export_env(env_id: str, episodes: int, out: str | Path, *, seed: int = 0,
                kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write ``episodes`` tasks of ``env_id`` to ``out`` (.parquet) and the reading config beside it."""
     import relax_gym
-    from relax_gym.envs._dataset_source import _datasets
+    from relax_gym.envs.dataset_source import _datasets
 
     out = Path(out)
     if out.suffix.lower() != ".parquet":

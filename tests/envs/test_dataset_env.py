@@ -17,8 +17,8 @@ import datasets  # noqa: E402
 
 import relax_gym  # noqa: E402
 from relax_gym.checker import check_env  # noqa: E402
-from relax_gym.envs._dataset_order import EpochOrder, KeyedPermutation  # noqa: E402
-from relax_gym.envs._dataset_source import DatasetConfigError  # noqa: E402
+from relax_gym.envs.dataset_order import EpochOrder, KeyedPermutation  # noqa: E402
+from relax_gym.envs.dataset_source import DatasetConfigError  # noqa: E402
 from relax_gym.media import encode_audio, encode_image  # noqa: E402
 from relax_gym.types import AudioPart, ImagePart  # noqa: E402
 

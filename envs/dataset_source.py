@@ -29,8 +29,8 @@ import numpy as np
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.types import ContentPart, Message, TextPart
 
-from ._dataset_media import MEDIA_KINDS, is_missing, items_of, to_part
-from ._dataset_order import EpochOrder
+from .dataset_media import MEDIA_KINDS, is_missing, items_of, to_part
+from .dataset_order import EpochOrder
 
 log = logging.getLogger("relax_gym.envs.dataset")
 
