@@ -25,6 +25,7 @@ from typing import Any
 
 from relax_gym.registration import register, register_suite, registry, shipped_registration, suites
 
+DATASET_ENV_ID = "relax/Dataset-v0"  # not in SHIPPED: it has no data of its own (docs/datasets.md)
 FAMILIES: tuple[str, ...] = ("text", "game", "image", "audio", "video", "multimodal", "tools")
 SUITE_EPISODES = 20
 
@@ -153,7 +154,7 @@ def shipped(family: str | None = None) -> list[ShippedEnv]:
 
 def register_envs() -> None:
     """Register every shipped env and the suites built from them (idempotent)."""
-    if all(e.id in registry for e in SHIPPED):
+    if all(e.id in registry for e in SHIPPED) and DATASET_ENV_ID in registry:
         return
     with shipped_registration():  # the reserved relax/ namespace; an id already there is kept
         for e in SHIPPED:
@@ -162,6 +163,11 @@ def register_envs() -> None:
                     e.id, e.entry_point, modalities=e.modalities, tags=e.tags,
                     max_turns=e.max_turns, description=e.description,
                 )
+        if DATASET_ENV_ID not in registry:
+            register(
+                DATASET_ENV_ID, "relax_gym.envs.dataset:make_dataset_env",
+                description="one row of your dataset per episode (path=, prompt=, answer=, reward=...)",
+            )
         _register_suites()
 
 
@@ -181,3 +187,16 @@ def _register_suites() -> None:
     suite("relax/audio-v0", shipped("audio"), "audio tasks")
     suite("relax/video-v0", shipped("video"), "video tasks")
     suite("relax/tools-v0", shipped("tools"), "tasks solved with tool calls")
+
+
+_LAZY = {"from_dataset": "dataset", "register_datasets": "dataset", "DatasetEnv": "dataset",
+         "make_dataset_env": "dataset", "export_env": "export"}
+
+
+def __getattr__(name: str) -> Any:
+    """``from_dataset`` and friends load on first use: they import the rewards and tools."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

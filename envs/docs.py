@@ -61,6 +61,29 @@ def _module_doc(e: ShippedEnv) -> str:
     return doc.replace("``", "`")
 
 
+USE_YOUR_OWN_DATASET = [
+    "",
+    "## Use your own dataset",
+    "",
+    "`relax/Dataset-v0` makes one episode per row of a JSONL / JSON / CSV / Parquet file (or a folder",
+    "of them, or an in-memory `datasets.Dataset`), with image / audio / video columns, a reward from the",
+    "registry, optional tools, seeded splits and counted filters; `relax-gym envs export` writes a",
+    "one-turn env's tasks as such a file. Everything is in [datasets.md](datasets.md). On CPU:",
+    "",
+    "```bash",
+    "relax-gym eval --env relax/Dataset-v0 -k relax/Dataset-v0:config=examples/data/math.yaml \\",
+    "    --agent oracle --out runs/math-oracle",
+    "relax-gym envs export relax/SceneQuery-v0 -k difficulty=single --episodes 64 --out runs/scenes.parquet",
+    "relax-gym eval --env relax/Dataset-v0 -k relax/Dataset-v0:config=runs/scenes.yaml --agent oracle --out runs/scenes",
+    "```",
+    "",
+    "```python",
+    "env = relax_gym.make(\"relax/Dataset-v0\", path=\"examples/data/math.jsonl\", prompt=\"problem\",",
+    "                     answer=\"answer\", reward=\"math_equiv\", split=\"train\", split_column=\"split\")",
+    "```",
+]
+
+
 def render() -> str:
     baselines = load_baselines()
     episodes = {b.episodes for per_env in baselines.values() for b in per_env.values()}
@@ -101,6 +124,7 @@ def render() -> str:
         "take `render=\"text\"|\"image\"`. Try one with",
         "`relax-gym play relax/Sokoban-v0 --agent oracle -k difficulty=hard -k render=image`.",
     ]
+    lines += USE_YOUR_OWN_DATASET
     for e in SHIPPED:
         spec(e.id)  # fail loudly here if a row is not registered
         tags = ", ".join(f"`{t}`" for t in e.tags)

@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--env", action="append", dest="envs", metavar="ENV_ID", help="an env id (repeatable), instead of --suite"
     )
+    what.add_argument(
+        "--datasets", metavar="FILE.yaml",
+        help="register the dataset envs of this file first ({envs: [{id, kwargs}]}; see docs/datasets.md)",
+    )
     what.add_argument("--episodes", type=positive_int, help="episodes (seeds) per env (default: the suite's, or 10)")
     what.add_argument("--attempts", type=positive_int, default=1, help="attempts per episode, for pass@k / pass^k (default 1)")
     what.add_argument("--seed", type=int, help="the seed the episode seeds derive from (default: the suite's, or 0)")
@@ -135,6 +139,13 @@ def run(args: argparse.Namespace) -> int:
     from .agents import FatalAgentError
     from .eval_runner import run_eval
 
+    if args.datasets:
+        from relax_gym.envs import register_datasets
+
+        try:
+            register_datasets(args.datasets)
+        except (RelaxGymError, ValueError, OSError) as exc:
+            return fail(str(exc), 2)
     if not args.suite and not args.envs:
         return fail("give --suite or at least one --env", 2)
     if args.suite and args.envs:

@@ -97,6 +97,11 @@ def _join_id(ns: str | None, name: str, version: int | None) -> str:
     return f"{ns + '/' if ns else ''}{name}{f'-v{version}' if version is not None else ''}"
 
 
+# keyword -> "module:function(env, value) -> env": wrappers any env takes through its kwargs.
+# Named by string (like the CLI's subcommands), so the core imports no tools module.
+WRAPPER_KWARGS: dict[str, str] = {"mcp_servers": "relax_gym.tools.mcp:with_mcp_servers"}
+
+
 @dataclass
 class EnvSpec:
     """Everything needed to build an environment, and what it declares about itself.
@@ -159,25 +164,44 @@ class EnvSpec:
         return obj
 
     def make(self, *, max_turns: int | None = None, **kwargs: Any) -> EpisodeGuard:
-        """Build the env with ``self.kwargs`` updated by ``kwargs``, wrapped in EpisodeGuard."""
+        """Build the env with ``self.kwargs`` updated by ``kwargs``, wrapped in EpisodeGuard.
+
+        Keywords in :data:`WRAPPER_KWARGS` (``mcp_servers``) are taken by a wrapper around the
+        env rather than passed to it, so every env accepts them."""
         factory = self.load()
         merged = {**self.kwargs, **kwargs}
+        own = {k: v for k, v in merged.items() if k not in WRAPPER_KWARGS}
         try:
-            env = factory(**merged)
+            env = factory(**own)
         except RelaxGymError:
             raise
         except (TypeError, ValueError) as exc:
-            raise RegistrationError(f"{self.id}: cannot build with arguments {merged}: {exc}") from exc
+            raise RegistrationError(f"{self.id}: cannot build with arguments {own}: {exc}") from exc
         if not isinstance(env, Env):
             raise RegistrationError(
                 f"{self.id}: entry point returned {type(env).__name__}, which is not a relax_gym.Env"
             )
         env.unwrapped.spec = replace(self, kwargs=merged)  # type: ignore[assignment]
-        return EpisodeGuard(env, max_turns=max_turns or self.max_turns or env.max_turns)
+        limit = self.max_turns
+        for key, target in WRAPPER_KWARGS.items():
+            if merged.get(key):
+                limit = None  # a wrapper (tools) lengthens episodes: its own max_turns stands
+                module_name, _, attr = target.partition(":")
+                try:
+                    env = getattr(importlib.import_module(module_name), attr)(env, merged[key])
+                except BaseException:
+                    env.close()
+                    raise
+        return EpisodeGuard(env, max_turns=max_turns or limit or env.max_turns)
 
     # -- declared properties, falling back to the class attributes -----------------------------
-    def _cls_attr(self, attr: str, default: Any) -> Any:
+    def _target_class(self) -> Any:
+        """The env class behind the entry point: itself, or a factory's ``env_class``."""
         target = self.load()
+        return getattr(target, "env_class", target)
+
+    def _cls_attr(self, attr: str, default: Any) -> Any:
+        target = self._target_class()
         return getattr(target, attr, default) if isinstance(target, type) else default
 
     def resolved_modalities(self) -> tuple[str, ...]:
@@ -190,7 +214,7 @@ class EnvSpec:
         return self.max_turns if self.max_turns is not None else int(self._cls_attr("max_turns", 1))
 
     def has_oracle(self) -> bool:
-        target = self.load()
+        target = self._target_class()
         return isinstance(target, type) and getattr(target, "oracle", Env.oracle) is not Env.oracle
 
     def summary(self) -> dict[str, Any]:

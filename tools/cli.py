@@ -9,6 +9,7 @@
     relax-gym tools run search --docs docs.jsonl --args '{"query": "opening hours"}'
     relax-gym tools parse --parser hermes '<tool_call>{"name": "calculator", ...}</tool_call>'
     relax-gym tools sandbox                   # which isolation the sandbox gets on this machine
+    relax-gym tools serve-mcp [--http PORT]   # calculator + python sandbox as an MCP server
 
 Exit status: 0 on success, 1 when the tool reported an error (or the code failed), 2 for bad
 command-line input.
@@ -53,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub.add_parser("sandbox", help="show which isolation the python sandbox gets here")
 
+    p_mcp = sub.add_parser("serve-mcp", help="serve the calculator and the python sandbox as an MCP server")
+    p_mcp.add_argument("--tools", nargs="+", metavar="NAME", help="tools to serve (default: calculator python)")
+    p_mcp.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP on 127.0.0.1:PORT/mcp (default: stdio)")
+    p_mcp.add_argument("--timeout", type=float, default=60.0, help="seconds per call (default 60)")
+
 
 def run(args: argparse.Namespace) -> int:
     command = getattr(args, "tools_command", None)
@@ -64,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
         return _parse(args)
     if command == "sandbox":
         return _sandbox()
-    print("usage: relax-gym tools {list,run,parse,sandbox} ...  (see --help)", file=sys.stderr)
+    if command == "serve-mcp":
+        from .mcp_serve import run as serve
+
+        return serve(args)
+    print("usage: relax-gym tools {list,run,parse,sandbox,serve-mcp} ...  (see --help)", file=sys.stderr)
     return 2
 
 
