@@ -122,16 +122,12 @@ class ProcessRole(Role):
             raise
         return await fut
 
-    def _send(self, message: Any) -> None:
-        with self._send_lock:
-            self._conn.send(message)
-
     async def stop_process(self, timeout_s: float = 30.0) -> None:
         """Ask the child to exit, then make sure it has (terminate, then kill). (Not ``close``:
         attribute names here would hide the role object's own methods of that name.)"""
         if self._proc.is_alive():
             try:
-                await asyncio.to_thread(self._send, None)
+                await _post(self._conn, self._send_lock, None)
             except (OSError, ValueError):
                 pass
             await asyncio.to_thread(self._proc.join, timeout_s)
