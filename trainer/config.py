@@ -196,6 +196,10 @@ class DataConfig(_Section):
     suite: str | None = Field(None, description="or: a registered suite whose envs to train on")
     seed_start: int = Field(0, ge=0, description="training seeds are seed_start, seed_start+1, ... (shuffled)")
     seed_count: int = Field(10_000_000, ge=1, description="size of the training seed pool")
+    seed_order: Literal["auto", "random", "sequential"] = Field(
+        "auto", description="how training seeds are drawn per env: random (uniform, with replacement), "
+        "sequential (seed_start, seed_start+1, ...: a dataset env then walks its rows in shuffled epochs, "
+        "no row repeats within an epoch), or auto (sequential for dataset envs, random otherwise)")
 
     @model_validator(mode="after")
     def _source(self) -> DataConfig:

@@ -322,3 +322,37 @@ def test_a_row_that_fails_during_a_run_is_counted_and_skipped(tmp_path: Path) ->
                             max_bad_rows=0)
     with pytest.raises(DatasetConfigError, match="over max_bad_rows=0"):
         strict.reset(seed=3)
+
+
+# -- training order ----------------------------------------------------------------------------
+def test_training_sampler_walks_dataset_rows_in_epochs_and_resumes(tmp_path: Path) -> None:
+    """The trainer's sampler gives a dataset env consecutive seeds (seed_order auto), so one
+    epoch of draws trains every row once; a procedural env keeps uniform random seeds."""
+    from relax_gym.trainer.config import EnvEntry
+    from relax_gym.trainer.rollout.sampler import EpisodeSampler, is_dataset_env
+
+    f = write_jsonl(tmp_path / "m.jsonl", math_rows(10))
+    relax_gym.envs.from_dataset("test-data/Order-v0", path=str(f), prompt="question", override=True)
+    assert is_dataset_env("test-data/Order-v0") and is_dataset_env(ID)
+    assert not is_dataset_env("relax/ArithmeticWord-v0") and not is_dataset_env("no/Such-v0")
+    entries = [EnvEntry(id="test-data/Order-v0"), EnvEntry(id="relax/ArithmeticWord-v0")]
+    sampler = EpisodeSampler(entries, seed=1, seed_start=100, seed_count=1000, seed_order="auto")
+    first = sampler.next(40)
+    data_seeds = [s.seed for s in first if s.env_id == "test-data/Order-v0"]
+    assert data_seeds == list(range(100, 100 + len(data_seeds))) and len(data_seeds) >= 10
+    env = relax_gym.make("test-data/Order-v0")
+    rows = [env.reset(seed=s)[1]["row"] for s in data_seeds[:10]]
+    assert sorted(rows) == list(range(10))  # one epoch: every row once, no repeats
+    procedural = [s.seed for s in first if s.env_id == "relax/ArithmeticWord-v0"]
+    assert procedural != sorted(procedural)  # still drawn at random
+    # resuming from a checkpoint continues both the counters and the generator
+    state = sampler.state_dict()
+    after = [(s.env_id, s.seed) for s in sampler.next(12)]
+    resumed = EpisodeSampler(entries, seed=1, seed_start=100, seed_count=1000, seed_order="auto")
+    resumed.load_state_dict(state)
+    assert [(s.env_id, s.seed) for s in resumed.next(12)] == after
+    # explicit orders override auto; sequential wraps inside the pool
+    random_order = EpisodeSampler(entries[:1], seed=1, seed_count=1000, seed_order="random").next(20)
+    assert [s.seed for s in random_order] != list(range(20))
+    wrap = EpisodeSampler(entries[1:], seed=1, seed_start=7, seed_count=3, seed_order="sequential").next(5)
+    assert [s.seed for s in wrap] == [7, 8, 9, 7, 8]

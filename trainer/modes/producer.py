@@ -119,7 +119,7 @@ class RolloutProducer:
         self.owns_pause = owns_pause
         envs = envs_of_suite(config.data.suite) if config.data.suite else list(config.data.envs)
         self.sampler = EpisodeSampler(envs, seed=config.seed, seed_start=config.data.seed_start,
-                                      seed_count=config.data.seed_count)
+                                      seed_count=config.data.seed_count, seed_order=config.data.seed_order)
         self.batch_groups = config.rollout.prompts_per_step
         self.max_staleness = config.async_rl.max_staleness
         self.max_in_flight = max(1, config.rollout.concurrency // config.rollout.group_size)

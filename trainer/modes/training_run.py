@@ -171,7 +171,7 @@ class TrainingRun:
         register_entry_points([*c.data.envs, *(c.eval.envs or [])])
         self.train_envs = envs_of_suite(c.data.suite) if c.data.suite else list(c.data.envs)
         self.sampler = EpisodeSampler(self.train_envs, seed=c.seed, seed_start=c.data.seed_start,
-                                      seed_count=c.data.seed_count)
+                                      seed_count=c.data.seed_count, seed_order=c.data.seed_order)
         if c.eval.suite:
             self.eval_episodes = suite_specs(c.eval.suite, c.eval.episodes)
         else:
@@ -185,7 +185,8 @@ class TrainingRun:
             from relax_gym.trainer.sft import WarmupPhase
 
             warm_sampler = EpisodeSampler(self.train_envs, seed=c.seed + 1, seed_start=c.warmup.seed_start,
-                                          seed_count=min(c.data.seed_count, 400_000_000))
+                                          seed_count=min(c.data.seed_count, 400_000_000),
+                                          seed_order=c.data.seed_order)
             self.warmup = WarmupPhase(c.warmup, self.backend, self.codec, warm_sampler, self.processor,
                                       evaluate=self._warmup_eval, log=self._log,
                                       max_total_tokens=c.rollout.max_total_tokens,
