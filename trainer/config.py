@@ -786,13 +786,45 @@ def check_envs(config: TrainConfig) -> None:
         _import_modules(config.async_rl.imports)
     _register_entry_points(config)
     envs = _env_entries(config)
+    tokenizer = config.model.path if config.model.path and Path(config.model.path).is_dir() else None
     built: set[str] = set()
     for where, env_id, kwargs in envs:
+        # a dataset env's prompt-length filter takes the run's tokenizer; a model built from
+        # config does not exist yet, so the check builds the env without the filter
+        needs = _needs_run_tokenizer(env_id, kwargs)
+        if needs:
+            kwargs = {**kwargs, "tokenizer": tokenizer} if tokenizer else {**kwargs, "max_prompt_tokens": None}
         key = json.dumps([env_id, kwargs], sort_keys=True, default=repr)
         if key not in built:
             _build_env(where, env_id, kwargs)
             built.add(key)
     _check_per_env_rewards(config, sorted({env_id for _, env_id, _ in envs}))
+
+
+def _needs_run_tokenizer(env_id: str, kwargs: Mapping[str, Any]) -> bool:
+    """A dataset env asked to filter prompts by token count (``max_prompt_tokens``, from its
+    kwargs, its registration or its ``config:`` file) without naming a tokenizer."""
+    from relax_gym.trainer.rollout.sampler import is_dataset_env
+
+    if "tokenizer" in kwargs or not is_dataset_env(env_id):
+        return False
+    try:
+        import relax_gym
+        from relax_gym.envs.dataset import resolve_options
+
+        options = resolve_options({**relax_gym.spec(env_id).kwargs, **kwargs})
+    except Exception:  # noqa: BLE001 - bad options are reported when the env is built
+        return False
+    return options.max_prompt_tokens is not None and options.tokenizer is None
+
+
+def bind_run_tokenizer(config: TrainConfig, tokenizer: str | Path) -> None:
+    """Give every dataset env entry that filters by prompt tokens without a tokenizer of its own
+    the run's tokenizer (the model folder), so the filter counts the tokens the policy sees."""
+    for entries in (config.data.envs, config.eval.envs or []):
+        for entry in entries:
+            if _needs_run_tokenizer(entry.id, entry.kwargs):
+                entry.kwargs["tokenizer"] = str(tokenizer)
 
 
 def _import_modules(names: Sequence[str]) -> None:

@@ -47,7 +47,7 @@ from relax_gym.trainer.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from relax_gym.trainer.config import TrainConfig, check_envs
+from relax_gym.trainer.config import TrainConfig, bind_run_tokenizer, check_envs
 from relax_gym.trainer.engines.fleet import EngineFleet
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import RunLogger
@@ -165,6 +165,7 @@ class TrainingRun:
             torch.set_num_threads(c.threads)
         seed_everything(c.seed, c.deterministic)
         self.model_path = prepare_model(c, self.out)
+        bind_run_tokenizer(c, self.model_path)  # dataset envs' max_prompt_tokens count the policy's tokens
         self.backend = make_backend(c, self.model_path)
         self.codec = ChatCodec.from_pretrained(self.model_path, template_kwargs=dict(c.model.template_kwargs))
         self.processor = self.codec.vision.image_processor if self.codec.vision is not None else None
