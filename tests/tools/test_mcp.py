@@ -66,6 +66,10 @@ def test_stdio_server_tools_in_a_dataset_env_with_oracle_and_scripted_model(math
     # bad arguments are checked against the server's schema before the call
     obs, *_ = env.step(call("add", a="seven"))
     assert obs.text.startswith("Error:") and "add" in obs.text
+    # the training step metrics carry the server's own counters
+    from relax_gym.trainer.rollout.tool_metrics import mcp_metrics
+
+    assert mcp_metrics()["tools/mcp/test-stdio/calls"] >= 2
 
 
 def test_any_env_takes_mcp_servers() -> None:
@@ -98,6 +102,9 @@ def test_crash_hang_and_garbage_become_tool_errors_and_the_server_restarts() -> 
     assert pid1.isdigit() and pid2.isdigit() and pid1 != pid2
     after = stats()["test-stdio"]
     assert after["restarts"] - before["restarts"] >= 3 and after["timeouts"] - before["timeouts"] >= 1
+    from relax_gym.trainer.rollout.tool_metrics import mcp_metrics
+
+    assert mcp_metrics()["tools/mcp/test-stdio/restarts"] == after["restarts"]
     assert after["errors"] - before["errors"] >= 3
 
 

@@ -34,6 +34,7 @@ from relax_gym.trainer.algorithms.update import recomputed_by, update_policy
 from relax_gym.trainer.checkpoint import Resume
 from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.env_errors import check_env_errors
+from relax_gym.trainer.rollout.tool_metrics import tool_metrics
 from relax_gym.trainer.observability import PhaseTimer, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout import Trajectory
 from relax_gym.trainer.modes.training_run import (  # re-exported: the helpers every mode uses
@@ -153,6 +154,7 @@ class Trainer(TrainingRun):
                 m[f"reward/{k}"] = float(np.mean(values))
         for reason, n in dropped.items():
             m[f"rollout/dropped/{reason}"] = float(n)
+        m.update(tool_metrics(trajs))
         return m
 
     def _dump(self, step: int, samples: list[ScoredSample], batch: Any) -> None:

@@ -49,6 +49,7 @@ from relax_gym.trainer.observability import PhaseTimer, plot_curves
 
 from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueuedSample, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
 from relax_gym.trainer.rollout import EngineRouter
+from relax_gym.trainer.rollout.tool_metrics import tool_metrics
 from relax_gym.trainer.weights.publisher import WeightPublisher
 
 log = logging.getLogger("relax_gym.trainer.modes")
@@ -278,6 +279,7 @@ class Learner(TrainingRun):
                 mixed += len(set(versions)) > 1
             m["staleness/off_policy_token_frac"] = old / max(1, tokens)
             m["rollout/partial_samples"] = float(mixed)  # sampled by more than one weight version
+        m.update(tool_metrics(s.traj for s in trained))
         return m
 
     async def _reference_logprobs(self, samples: list[QueuedSample], batch: SequenceBatch,
