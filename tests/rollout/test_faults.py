@@ -51,6 +51,10 @@ async def test_control_api_needs_the_token() -> None:
             assert (await http.post("/engines", json={"url": "ftp://x"}, headers=ok)).status_code == 422
             down = await http.post("/engines", json={"url": "http://127.0.0.1:9"}, headers=ok)
             assert down.status_code == 502 and router.engines == []
+            both = await http.post("/engines", json={"url": "http://127.0.0.1:9", "launch": True}, headers=ok)
+            assert both.status_code == 422 and (await http.post("/engines", json={}, headers=ok)).status_code == 422
+            nothing_to_launch_with = await http.post("/engines", json={"launch": True}, headers=ok)
+            assert nothing_to_launch_with.status_code == 409 and "url" in nothing_to_launch_with.json()["error"]
     with pytest.raises(ValueError, match="allow_remote"):
         ControlServer(router, host="0.0.0.0")
 
@@ -134,3 +138,43 @@ async def test_weight_sync_hook_runs_before_an_engine_takes_traffic(qwen3_engine
         handle = await router.add_engine(qwen3_engine.url)
         assert handle.state == "ready" and handle.weight_version == str(current + 1)
     assert calls == [(qwen3_engine.url, "nothing"), (qwen3_engine.url, str(current + 1))]
+
+
+@pytest.mark.slow  # starts and stops a real engine process (~10-30 s on a busy 2-core box)
+async def test_the_control_api_launches_an_engine_and_stops_it_when_removed(
+        qwen3_engine: Any, tiny_qwen3: Path, codec: ChatCodec, tmp_path: Path) -> None:
+    """Scale-out that *starts* an engine: POST {"launch": true} runs the run's own engine kind on
+    the run's model (the same code path as the run's first engines), brings it to the current
+    weights before traffic, records its pid; DELETE drains it and stops the process."""
+    import json
+    import os
+
+    from relax_gym.trainer.config import EngineConfig
+    from relax_gym.trainer.engines.fleet import SCALEOUT_PIDS, ScaleOutLauncher
+
+    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
+        await router.update_weights_from_disk(str(tiny_qwen3), 9)  # new engines must come up to 9
+        launcher = ScaleOutLauncher(EngineConfig(kind="embedded", num_engines=1, threads=1), tiny_qwen3, tmp_path,
+                                    api_key=router.api_key)
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=8, concurrency=4, group_size=1))
+        try:
+            async with ControlServer(router, launcher=launcher) as control, httpx.AsyncClient(
+                    base_url=control.url, headers={"Authorization": f"Bearer {control.token}"}, timeout=180) as http:
+                launched = await http.post("/engines", json={"launch": True, "id": "grown"})
+                assert launched.status_code == 201, launched.text
+                body = launched.json()
+                assert body["launched"] and body["id"] == "grown" and body["weight_version"] == "9"
+                assert (await http.post("/engines", json={"launch": True, "id": "grown"})).status_code == 409
+                pids = json.loads((tmp_path / "engines" / SCALEOUT_PIDS).read_text())
+                assert [p["url"] for p in pids] == [body["url"]] and (tmp_path / "engines" / "engine1.log").is_file()
+                pid = int(pids[0]["pid"])
+                trajs = await manager.generate(tool_specs(6, turns=1))
+                handle = router.get("grown")
+                assert handle is not None and handle.served > 0 and len(trajs) == 6
+                removed = await http.delete("/engines/grown", params={"wait": "true"})
+                assert removed.status_code == 200
+                assert router.get("grown") is None and json.loads((tmp_path / "engines" / SCALEOUT_PIDS).read_text()) == []
+                await wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
+                                 Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", 30)
+        finally:
+            await launcher.close()

@@ -13,6 +13,8 @@ weights over ``/update_weights_from_disk`` from a folder those servers can read.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ class EngineFleet:
     log_dir: Path
     seed: int = 0
     api_key: str | None = None
+    index_offset: int = 0  # engines launched later (scale-out) continue the numbering: logs, GPUs, seeds
     _procs: list[Any] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
 
@@ -64,7 +67,12 @@ class EngineFleet:
 
     def launch_one(self) -> str:
         """Start one more engine of the configured kind, wait for its health; returns its URL."""
-        i = len(self._procs)
+        if not self.launches:
+            raise ValueError("engine.kind is external: this run launches no engines (register a running one by URL)")
+        if self.api_key is None:  # control routes are token-protected even on 127.0.0.1
+            self.api_key = self.config.api_key or secrets.token_hex(16)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        i = self.index_offset + len(self._procs)
         proc: Any
         if self.config.kind == "sglang":
             from relax_gym.trainer.engines.sglang_launcher import SGLangServer
@@ -78,8 +86,15 @@ class EngineFleet:
             proc = EmbeddedEngineProcess(self.model_path, api_key=self.api_key, extra_args=extra,
                                          log_file=self.log_dir / f"engine{i}.log", threads=self.config.threads,
                                          startup_timeout_s=self.config.startup_timeout_s)
+        try:
+            proc.start()
+        except BaseException:
+            try:  # a process that never became healthy is not left running
+                proc.stop()
+            except Exception:  # noqa: BLE001, S110 - the start error is the one to raise
+                pass
+            raise
         self._procs.append(proc)
-        proc.start()
         self.urls.append(proc.url)
         return str(proc.url)
 
@@ -98,6 +113,22 @@ class EngineFleet:
                              python=s.python or sys.executable, extra_args=list(s.extra_args),
                              env={"CUDA_VISIBLE_DEVICES": gpus})
 
+    def stop_url(self, url: str) -> bool:
+        """Stop the engine this fleet launched at ``url``; False if it launched none there."""
+        for proc in list(self._procs):
+            if str(proc.url).rstrip("/") == url.rstrip("/"):
+                self._procs.remove(proc)
+                if url in self.urls:
+                    self.urls.remove(url)
+                proc.stop()
+                return True
+        return False
+
+    @property
+    def pids(self) -> list[dict[str, Any]]:
+        """``{"pid", "url"}`` of every engine process this fleet started (orphan clean-up on resume)."""
+        return [{"pid": p.proc.pid, "url": p.url} for p in self._procs if getattr(p, "proc", None) is not None]
+
     def stop(self) -> None:
         for proc in self._procs:
             try:
@@ -113,4 +144,41 @@ class EngineFleet:
         self.stop()
 
 
-__all__ = ["EngineFleet"]
+class ScaleOutLauncher:
+    """Engines started on demand through the control API (``POST /engines {"launch": true}``):
+    the run's own engine kind and model, numbered after the run's first engines, recorded in
+    ``<out>/engines/pids-scaleout.json`` so a resume after a crash stops orphans, and stopped
+    when removed or when the run ends."""
+
+    def __init__(self, config: EngineConfig, model_path: str | Path, out_dir: str | Path, *, api_key: str | None,
+                 seed: int = 0) -> None:
+        first = config.num_engines if config.kind != "external" else 0
+        self.fleet = EngineFleet(config, Path(model_path), Path(out_dir) / "engines", seed=seed, api_key=api_key,
+                                 index_offset=first)
+        self._lock: asyncio.Lock | None = None
+
+    async def launch(self) -> str:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one start at a time: engine numbers and GPUs stay distinct
+            url = await asyncio.to_thread(self.fleet.launch_one)
+            self._record()
+            return url
+
+    async def stop(self, url: str) -> bool:
+        stopped = await asyncio.to_thread(self.fleet.stop_url, url)
+        self._record()
+        return stopped
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.fleet.stop)
+        (self.fleet.log_dir / SCALEOUT_PIDS).unlink(missing_ok=True)
+
+    def _record(self) -> None:
+        self.fleet.log_dir.mkdir(parents=True, exist_ok=True)
+        (self.fleet.log_dir / SCALEOUT_PIDS).write_text(json.dumps(self.fleet.pids), encoding="utf-8")
+
+
+SCALEOUT_PIDS = "pids-scaleout.json"
+
+__all__ = ["SCALEOUT_PIDS", "EngineFleet", "ScaleOutLauncher"]

@@ -90,7 +90,8 @@ class EmbeddedRuntime:
         rewards: list[Role] = [LocalRole(RewardWorker(c.rewards.entries, c.rewards.per_env, c.rewards.timeout_s))]
         lrn = self._learner
         if lrn is not None:  # shares the learner's router: its weight sync pauses generation
-            producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False)
+            producer = RolloutProducer(c, lrn.codec, lrn.router, queue_role, rewards, owns_pause=False,
+                                       model_path=lrn.model_path)
         else:  # its own router over the learner's engines, as the Ray rollout actor has
             from relax_gym.trainer.modes.ray_actors import build_role
 

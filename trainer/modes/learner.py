@@ -432,14 +432,23 @@ def _engine_port(pid: int) -> str | None:
         return None
 
 
+PID_FILES = ("pids.json", "pids-scaleout.json")
+
+
 def kill_orphan_engines(out_dir: Path) -> int:
-    """Stop engine processes a crashed run left behind (recorded in ``engines/pids.json``);
-    a pid is signalled only if it still runs ``engine serve`` at the recorded URL's port."""
+    """Stop engine processes a crashed run left behind (recorded in ``engines/pids.json``, and
+    ``engines/pids-scaleout.json`` for engines launched through the control API); a pid is
+    signalled only if it still runs ``engine serve`` at the recorded URL's port."""
+    killed = 0
+    for path in (Path(out_dir) / "engines" / name for name in PID_FILES):
+        if path.is_file():
+            killed += _kill_recorded(path)
+    return killed
+
+
+def _kill_recorded(path: Path) -> int:
     import signal
 
-    path = Path(out_dir) / "engines" / "pids.json"
-    if not path.is_file():
-        return 0
     killed = 0
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
@@ -458,4 +467,4 @@ def kill_orphan_engines(out_dir: Path) -> int:
     return killed
 
 
-__all__ = ["LEDGER", "Learner", "kill_orphan_engines", "read_ledger"]
+__all__ = ["LEDGER", "Learner", "PID_FILES", "kill_orphan_engines", "read_ledger"]

@@ -110,8 +110,9 @@ class RolloutProducer:
     """
 
     def __init__(self, config: TrainConfig, codec: ChatCodec, router: EngineRouter, queue: Role,
-                 rewards: list[Role], *, owns_pause: bool = False) -> None:
+                 rewards: list[Role], *, owns_pause: bool = False, model_path: str | Path | None = None) -> None:
         self.config = config
+        self.model_path = model_path  # what engines launched through the control API serve first
         self.codec = codec
         self.router = router
         self.queue = queue
@@ -415,7 +416,13 @@ class RolloutProducer:
         ``<out>/control.json`` (url + token, mode 0600). Returns the URL."""
         from relax_gym.trainer.rollout import ControlServer
 
-        self._control = await ControlServer(self.router, token=token, port=port).start()
+        self._launcher = None
+        if self.model_path is not None and self.config.engine.kind != "external":
+            from relax_gym.trainer.engines.fleet import ScaleOutLauncher
+
+            self._launcher = ScaleOutLauncher(self.config.engine, self.model_path, out_dir,
+                                              api_key=self.router.api_key, seed=self.config.seed)
+        self._control = await ControlServer(self.router, token=token, port=port, launcher=self._launcher).start()
         write_control_file(Path(out_dir), self._control.url, self._control.token)
         return str(self._control.url)
 
@@ -425,6 +432,10 @@ class RolloutProducer:
         if control is not None:
             await control.stop()
             self._control = None
+        launcher = getattr(self, "_launcher", None)
+        if launcher is not None:  # engines launched through the API end with the run
+            self._launcher = None
+            await launcher.close()
         if self.owns_pause:
             with contextlib.suppress(Exception):
                 await self.router.close()
