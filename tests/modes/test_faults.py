@@ -91,6 +91,9 @@ async def test_engines_join_with_current_weights_and_leave_after_draining(tiny_m
             removed = await http.delete("/engines/joiner", params={"wait": "true"}, headers=auth)
             assert removed.status_code == 200
             assert [e["id"] for e in (await http.get("/engines", headers=auth)).json()["engines"]] != ["joiner"]
+            # engine.kind external: the run launches no engines, so a launch request is refused
+            refused = await http.post("/engines", json={"launch": True}, headers=auth)
+            assert refused.status_code == 409 and "url" in refused.json()["error"]
         summary = await asyncio.wait_for(task, 300)
     finally:
         joiner.stop()

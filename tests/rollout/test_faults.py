@@ -152,7 +152,7 @@ async def test_the_control_api_launches_an_engine_and_stops_it_when_removed(
     from relax_gym.trainer.config import EngineConfig
     from relax_gym.trainer.engines.fleet import SCALEOUT_PIDS, ScaleOutLauncher
 
-    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5) as router:
+    async with EngineRouter([qwen3_engine.url], health_interval_s=0.5, api_key="run-key") as router:
         await router.update_weights_from_disk(str(tiny_qwen3), 9)  # new engines must come up to 9
         launcher = ScaleOutLauncher(EngineConfig(kind="embedded", num_engines=1, threads=1), tiny_qwen3, tmp_path,
                                     api_key=router.api_key)

@@ -152,6 +152,8 @@ class ScaleOutLauncher:
 
     def __init__(self, config: EngineConfig, model_path: str | Path, out_dir: str | Path, *, api_key: str | None,
                  seed: int = 0) -> None:
+        if not api_key:  # the router must reach the new engine's token-protected control routes
+            raise ValueError("engines launched for scale-out need the router's API key")
         first = config.num_engines if config.kind != "external" else 0
         self.fleet = EngineFleet(config, Path(model_path), Path(out_dir) / "engines", seed=seed, api_key=api_key,
                                  index_offset=first)

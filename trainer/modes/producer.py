@@ -417,7 +417,7 @@ class RolloutProducer:
         from relax_gym.trainer.rollout import ControlServer
 
         self._launcher = None
-        if self.model_path is not None and self.config.engine.kind != "external":
+        if self.model_path is not None and self.config.engine.kind != "external" and self.router.api_key:
             from relax_gym.trainer.engines.fleet import ScaleOutLauncher
 
             self._launcher = ScaleOutLauncher(self.config.engine, self.model_path, out_dir,
