@@ -60,18 +60,30 @@ class TemplateError(RelaxGymError, ValueError):
     """The chat template cannot render an observation as a delta (e.g. it rejects the role order)."""
 
 
+_THINK_TAG_SPACE = re.compile(r"\s*(</?think>)\s*")
+
+
+def normalize_think_whitespace(text: str) -> str:
+    """``text`` with the whitespace around ``<think>`` / ``</think>`` removed: Qwen3-style
+    templates rewrite that whitespace (strip newlines inside, put ``\n\n`` after the block), so
+    two renders equal under this map hold the same reasoning and the same answer."""
+    return _THINK_TAG_SPACE.sub(r"\1", text)
+
+
 @dataclass(slots=True)
 class DriftReport:
     """How the incrementally built tokens compare with a full re-render of the conversation.
 
-    ``kind`` is ``"none"`` when they agree, ``"think_dropped"`` when the only differences are
-    reasoning blocks of earlier turns that the chat template drops (expected under the
-    ``keep`` think policy), and ``"template"`` for any other disagreement. ``expected`` says
-    whether the configured policy accepts the difference; unexpected drift makes the sample
-    untrainable.
+    ``kind`` is ``"none"`` when they agree, ``"think_whitespace"`` when the only differences are
+    whitespace around ``<think>`` / ``</think>`` that the template re-renders canonically (the
+    model wrote ``<think>x</think>y``, the template writes ``<think>\nx\n</think>\n\ny``: nothing
+    is lost, so every policy accepts it), ``"think_dropped"`` when reasoning blocks of earlier
+    turns are missing from the template's render (expected under the ``keep`` think policy), and
+    ``"template"`` for any other disagreement. ``expected`` says whether the configured policy
+    accepts the difference; unexpected drift makes the sample untrainable.
     """
 
-    kind: Literal["none", "think_dropped", "template", "unchecked"] = "unchecked"
+    kind: Literal["none", "think_whitespace", "think_dropped", "template", "unchecked"] = "unchecked"
     expected: bool = True
     mismatched_chunks: int = 0
     first_mismatch_token: int | None = None
@@ -344,10 +356,10 @@ class ChatCodec:
     def template_drops_reasoning(self, messages: Sequence[dict[str, Any]],
                                  tools: Sequence[dict[str, Any]] | None = None) -> bool:
         """Whether the template renders this conversation differently from the verbatim one
-        (it drops earlier reasoning): the ``split`` policy's cue to start a new sample."""
-        return self.expected_context(messages, tools, keep_reasoning=False) != self.expected_context(
-            messages, tools, keep_reasoning=True
-        )
+        (it drops earlier reasoning): the ``split`` policy's cue to start a new sample. A render
+        that only re-spaces the ``<think>`` tags drops nothing and does not count."""
+        return normalize_think_whitespace(self.expected_context(messages, tools, keep_reasoning=False)) != \
+            normalize_think_whitespace(self.expected_context(messages, tools, keep_reasoning=True))
 
     def check_drift(self, context_ids: Sequence[int], messages: Sequence[dict[str, Any]],
                     tools: Sequence[dict[str, Any]] | None, *, policy: ThinkPolicy) -> DriftReport:
@@ -367,7 +379,12 @@ class ChatCodec:
             kept = self.expected_context(messages, tools, keep_reasoning=True)
         except TemplateError as exc:
             return DriftReport(kind="template", expected=False, detail=f"re-render failed: {exc}")
-        if ours == kept:
+        if normalize_think_whitespace(ours) == normalize_think_whitespace(plain):
+            return DriftReport(kind="think_whitespace", expected=True,
+                               mismatched_chunks=_count_diff_regions(ours, plain),
+                               first_mismatch_token=self._first_token_mismatch(context_ids, plain),
+                               detail="the template re-spaces <think> tags; no text differs")
+        if ours == kept or normalize_think_whitespace(ours) == normalize_think_whitespace(kept):
             return DriftReport(kind="think_dropped", expected=policy == "keep",
                                mismatched_chunks=_count_diff_regions(ours, plain),
                                first_mismatch_token=self._first_token_mismatch(context_ids, plain),

@@ -189,3 +189,31 @@ def test_vision_codec_expands_pads_per_image(qwen3_tokenizer: Any) -> None:
     chat.add_observation([{"role": "user", "content": [{"type": "image", "image": b}]}])
     assert [p.image.size for p in chat.images] == [(64, 48), (32, 64)] and len(chat.payloads) == 2
     assert chat.ids.count(pad) == sum(image_token_count(g, 2) for g in chat.grids)
+
+
+def test_non_canonical_think_whitespace_is_neither_dropped_reasoning_nor_a_split(codec: ChatCodec) -> None:
+    """A model that writes ``<think>x</think>y`` (no newlines) or pads the tags with spaces: the
+    Qwen3 template re-spaces the block, but drops nothing, so it is labelled think_whitespace,
+    accepted under every policy, and the split policy does not start a new sample."""
+    first = [{"role": "user", "content": "17*23?"}]
+    for turn in ('<think>I need the product.</think><tool_call>\n{"name": "calculator", "arguments": '
+                 '{"expression": "17*23"}}\n</tool_call>',
+                 '<think>  I need the product.  </think>  <tool_call>\n{"name": "calculator", "arguments": '
+                 '{"expression": "17*23"}}\n</tool_call>'):
+        b = Builder(codec, first, TOOLS)
+        b.sample(turn)
+        b.observe([{"role": "tool", "content": "391"}])
+        assert not codec.template_drops_reasoning(b.context, TOOLS)
+        assert not b.chat.drops_reasoning([{"role": "tool", "content": "again"}])
+        for policy in ("keep", "split"):
+            report = codec.check_drift(b.ids, b.context, TOOLS, policy=policy)  # type: ignore[arg-type]
+            assert (report.kind, report.expected) == ("think_whitespace", True), report
+        # a new user query still drops the reasoning: that stays think_dropped
+        b.sample("<think>Done.</think>391")
+        new = [{"role": "user", "content": "Now divide by 7."}]
+        assert b.chat.drops_reasoning(new)
+        b.observe(new)
+        assert codec.check_drift(b.ids, b.context, TOOLS, policy="split").kind == "think_dropped"
+        # text that differs beyond whitespace is still template drift
+        other = [*b.context[:-1], {"role": "user", "content": "Now divide by 8."}]
+        assert codec.check_drift(b.ids, other, TOOLS, policy="keep").kind == "template"
