@@ -84,6 +84,11 @@ def _add_serve_arguments(s: argparse.ArgumentParser) -> None:
         help="seconds a weight-group rendezvous or broadcast may take before it fails (default 60)",
     )
     s.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started the engine exits (set by the trainer's launcher)",
+    )
+    s.add_argument(
         "--shutdown-grace",
         type=_positive_seconds,
         default=3.0,

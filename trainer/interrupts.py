@@ -23,9 +23,18 @@ def run_stoppable(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     async def main() -> T:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
+        stopping = False
+
+        def stop() -> None:
+            # the first SIGTERM cancels the run; a second one (a launcher that signals again,
+            # e.g. torchrun after a rank died) must not cut the clean-up that stops the engines
+            nonlocal stopping
+            if not stopping and task is not None:
+                stopping = True
+                task.cancel()
+
         try:
-            if task is not None:
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+            loop.add_signal_handler(signal.SIGTERM, stop)
         except _NO_SIGNALS:
             pass
         try:

@@ -165,3 +165,80 @@ def test_tp2_run_cut_after_step_2_resumes_exactly(tmp_path: Path) -> None:
         return [json.loads(line)["response"] for line in lines]
 
     assert responses(tmp_path / "full") == responses(cut)
+
+
+def _pids_with(*needles: str) -> dict[int, bytes]:
+    """Live processes whose command line holds every needle, with their environment."""
+    out: dict[int, bytes] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            if all(n.encode() in cmdline for n in needles) and (d / "stat").read_text().split()[2] != "Z":
+                out[int(d.name)] = (d / "environ").read_bytes()
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.slow  # a TP=2 run killed mid-run and its resume: ~4 min on a loaded 2-core box
+@pytest.mark.timeout(1800)
+def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_path: Path) -> None:
+    """SIGKILL rank 1 of a TP=2 run mid-training: torchrun ends rank 0 at once (no collective
+    left waiting), the error names the dead rank, the engines rank 0 started stop with it, and
+    `--resume` continues from the last checkpoint to the end."""
+    import signal
+    import time
+
+    from relax_gym.trainer.models import build_tiny_model
+
+    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
+    out = tmp_path / "run"
+    cfg = _config(model, out, steps=4)
+    cfg["warmup"]["enabled"] = False
+    cfg["eval"]["every"] = 0
+    cfg["megatron"] = {"tensor_parallel_size": 2}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    env = {**os.environ, "RELAX_MEGATRON_CPU_SHIM": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={_free_port()}", "-m", "relax_gym.cli.main", "train", str(path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and proc.poll() is None:
+            complete = [c for c in (out / "checkpoints").glob("step_*") if not c.name.endswith(".tmp")]
+            if complete:  # step 1 is saved: the kill lands in step 2 (or its checkpoint)
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        ranks = {int(e.split(b"RANK=")[1].split(b"\0")[0]): pid
+                 for pid, e in _pids_with(str(path), "relax_gym.cli.main").items() if b"\0RANK=" in e}
+        assert set(ranks) == {0, 1}, ranks
+        assert _pids_with(str(model), "engine", "serve"), "rank 0 started no engine"
+        os.kill(ranks[1], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = proc.communicate(timeout=180)
+        assert time.monotonic() - killed < 120, "the surviving rank did not exit promptly"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode != 0
+    assert "rank      : 1" in stderr and "SIGKILL" in stderr, stderr[-3000:]
+    deadline = time.monotonic() + 30
+    while _pids_with(str(model), "engine", "serve") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _pids_with(str(model), "engine", "serve"), "an engine outlived the run"
+    assert not _pids_with(str(path), "relax_gym.cli.main"), "a rank outlived the run"
+    saved = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert saved, "no checkpoint before the kill"
+    resumed = _run(cfg, path, nproc=2, extra=["--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["steps"] == 4
+    last = int(saved[-1].split("_")[1])
+    trained_after = {r["step"] for r in _records(out) if r["phase"] == "train" and r["step"] > last}
+    assert trained_after == set(range(last + 1, 5))

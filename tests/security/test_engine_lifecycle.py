@@ -320,3 +320,43 @@ def test_sigterm_while_the_sglang_launcher_waits_for_health_stops_its_server(tmp
                 os.killpg(server_pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.slow  # one more engine start (~10-30 s on a busy 2-core box)
+def test_an_engine_whose_parent_is_killed_stops_by_itself(tiny_model: Path, tmp_path: Path) -> None:
+    """A trainer (or torchrun rank) killed with SIGKILL runs no clean-up: the engines it
+    started notice their parent is gone and stop, so nothing is left running."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, time\n"
+        "from relax_gym.trainer.engines.launch import EmbeddedEngineProcess\n"
+        f"e = EmbeddedEngineProcess({str(tiny_model)!r}, threads=1, startup_timeout_s=240)\n"
+        "e.start()\n"
+        "print(e.proc.pid, flush=True)\n"
+        "time.sleep(600)\n", encoding="utf-8")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    engine_pid = 0
+    try:
+        assert parent.stdout is not None
+        engine_pid = int(parent.stdout.readline().strip())
+        assert Path(f"/proc/{engine_pid}").exists()
+        parent.kill()  # no finally, no atexit: only the engine's own watch can stop it
+        parent.wait(10)
+        deadline = time.monotonic() + 30 + SLACK_S
+        while time.monotonic() < deadline:
+            stat = Path(f"/proc/{engine_pid}/stat")
+            if not stat.exists() or stat.read_text().split()[2] == "Z":
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"engine {engine_pid} still runs after its parent was killed")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if engine_pid and Path(f"/proc/{engine_pid}").exists():
+                os.killpg(engine_pid, signal.SIGKILL)

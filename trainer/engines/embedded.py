@@ -12,10 +12,11 @@ import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the sampler imports torch; this module must stay light until serve() runs
     import uvicorn
@@ -58,6 +59,7 @@ class EmbeddedOptions:
     log_level: str = "warning"
     weight_group_timeout_s: float = 60.0  # rendezvous and each broadcast of the distributed weight path
     shutdown_grace_s: float = 3.0  # SIGTERM: in-flight requests get this long, then are cancelled
+    exit_with_parent: bool = False  # stop when the process that started us is gone (no orphans)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -185,6 +187,8 @@ def serve(opts: EmbeddedOptions) -> int:
         )
     )
     bound_shutdown(server, opts.shutdown_grace_s)
+    if opts.exit_with_parent:
+        watch_parent(server)
     if opts.port_file:
         tmp = f"{opts.port_file}.tmp"
         Path(tmp).write_text(str(port), encoding="utf-8")
@@ -200,4 +204,24 @@ def serve(opts: EmbeddedOptions) -> int:
     return 0
 
 
-__all__ = ["EmbeddedOptions", "bind_socket", "serve", "sleeping_openmp_workers"]
+def watch_parent(server: Any, interval_s: float = 1.0) -> threading.Thread:
+    """Stop ``server`` (as SIGTERM would) once the process that started this one is gone: a
+    trainer killed with SIGKILL, or a torchrun rank ended before its clean-up ran, must not leave
+    its engines running. The parent's death shows as a new parent id (we are re-parented)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not server.should_exit:
+            if os.getppid() != parent:
+                logging.getLogger("relax_gym.engine").warning(
+                    "the process that started this engine (pid %d) is gone; stopping", parent)
+                server.should_exit = True
+                return
+            time.sleep(interval_s)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+__all__ = ["EmbeddedOptions", "bind_socket", "serve", "sleeping_openmp_workers", "watch_parent"]

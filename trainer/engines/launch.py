@@ -142,7 +142,8 @@ class ServerProcess:
 
 
 class EmbeddedEngineProcess(ServerProcess):
-    """``relax-gym engine serve --model PATH`` on 127.0.0.1 and a free port."""
+    """``relax-gym engine serve --model PATH`` on 127.0.0.1 and a free port; it stops by itself
+    if this process dies (``exit_with_parent``)."""
 
     def __init__(
         self,
@@ -154,6 +155,7 @@ class EmbeddedEngineProcess(ServerProcess):
         log_file: str | Path | None = None,
         threads: int | None = None,
         startup_timeout_s: float = 120.0,
+        exit_with_parent: bool = True,
     ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="relax-gym-engine-"))
         self.port_file = self._dir / "port"
@@ -178,6 +180,8 @@ class EmbeddedEngineProcess(ServerProcess):
             command += ["--threads", str(threads)]
         if api_key:
             command += ["--api-key", api_key]
+        if exit_with_parent:  # a parent killed before its clean-up runs leaves no engine behind
+            command += ["--exit-with-parent"]
         command += list(extra_args or [])
         env = dict(os.environ)
         env.setdefault("TOKENIZERS_PARALLELISM", "false")

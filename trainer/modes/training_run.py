@@ -243,18 +243,28 @@ class TrainingRun:
             self.teacher = EngineClient(c.teacher.url, api_key=c.teacher.api_key, timeout_s=c.teacher.timeout_s)
 
     async def _stop_engines(self) -> None:
-        publisher = getattr(self, "publisher", None)
-        if publisher is not None:
-            await publisher.close()  # releases a broadcast group while the engines still answer
-        router = getattr(self, "router", None)
-        if router is not None:
-            await router.close()
-        if getattr(self, "teacher", None) is not None:
-            await self.teacher.aclose()
-            self.teacher = None
+        """Release the publisher, router and teacher, then stop the engines the run started.
+        Each step runs even when an earlier one fails or is cancelled (a dead peer rank, a
+        second signal): the engine processes are always stopped."""
         fleet = getattr(self, "fleet", None)
-        if fleet is not None:
-            await asyncio.to_thread(fleet.stop)
+        try:
+            publisher = getattr(self, "publisher", None)
+            if publisher is not None:
+                await _quietly("the weight publisher", publisher.close())  # a broadcast group, engines still up
+            router = getattr(self, "router", None)
+            if router is not None:
+                await _quietly("the router", router.close())
+            if getattr(self, "teacher", None) is not None:
+                await _quietly("the teacher client", self.teacher.aclose())
+                self.teacher = None
+        finally:
+            if fleet is not None:
+                stopping = asyncio.ensure_future(asyncio.to_thread(fleet.stop))
+                try:
+                    await asyncio.shield(stopping)
+                except asyncio.CancelledError:
+                    await stopping  # cancelled while waiting: the engines still stop first
+                    raise
 
     # ============================================================================================
     # helpers: logging, rollout, sync, eval, checkpoints
@@ -415,6 +425,16 @@ class TrainingRun:
         if every and sft_step % every == 0:
             self._checkpoint(f"warmup_{sft_step:06d}")
 
+
+
+async def _quietly(what: str, closing: Any) -> None:
+    """Await a clean-up step; a failure is logged, never raised (the next steps must run)."""
+    try:
+        await closing
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - clean-up after a failure may fail again
+        log.warning("closing %s failed: %s", what, exc)
 
 __all__ = ["RunSummary", "TrainingRun", "config_hash", "make_backend", "prepare_model", "rl_optimizer_settings",
            "seed_everything"]

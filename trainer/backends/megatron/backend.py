@@ -486,6 +486,7 @@ class MegatronBackend(TrainerBackend):
         dist.barrier()
         state = {"model": self.module.sharded_state_dict()}
         state["optimizer"] = self.optimizer.sharded_state_dict(state["model"])
+        _in_process_results_queue()
         with _children_allowed():
             dist_checkpointing.save(state, str(ckpt))
         if dist.get_rank() == 0:
@@ -526,6 +527,24 @@ class MegatronBackend(TrainerBackend):
             raise MegatronBackendError(f"{ckpt}: cannot load the distributed checkpoint ({one_line(exc)[:300]})") from None
         self.updates = meta.updates
         self.version = meta.version
+
+
+def _in_process_results_queue() -> None:
+    """Give megatron's checkpoint writer an in-process results queue before its first save.
+    Left alone, it makes its own with a ``spawn`` ``Manager()``: a server process that outlives
+    a rank killed mid-run (SIGKILL runs no clean-up), holds the launcher's stderr open and stays
+    behind as an orphan. Our saves are synchronous: the writer processes report to their own
+    fork queue, and this process alone puts the merged result in this queue and reads it back
+    (``get_nowait`` right after the ``put``, so the put must be synchronous, as a thread
+    queue's is and a multiprocessing queue's is not)."""
+    import queue
+
+    try:
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+    except ImportError:  # another megatron-core layout: its own default then
+        return
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()  # noqa: SLF001
 
 
 @contextlib.contextmanager
