@@ -443,11 +443,6 @@ class TrainConfig(_Section):
                 "async_rl.runtime 'ray' runs the fully_async and hybrid modes; colocate runs embedded "
                 "(set mode: fully_async or hybrid)"
             )
-        if self.is_async and a.runtime == "ray" and self.engine.kind == "sglang":
-            raise ValueError(
-                "engine.kind 'sglang' is not placed as Ray actors yet (the Ray runtime hosts embedded engines); "
-                "start SGLang yourself and use engine.kind 'external', or async_rl.runtime 'embedded'"
-            )
         for name in a.imports:
             if not _MODULE_NAME.fullmatch(name):
                 raise ValueError(f"async_rl.imports entry {name!r} is not a module name")

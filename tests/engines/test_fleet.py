@@ -158,10 +158,17 @@ def test_engine_ranks_follow_tp_size() -> None:
     assert asyncio.run(_ranks([2, None, 0])) == [2, 3, 1, 3, "WeightGroupError", 3]
 
 
-def test_sglang_engines_are_not_silently_replaced_under_ray() -> None:
-    from relax_gym.trainer.config import ConfigError, config_from_dict
+def test_ray_places_sglang_engines_on_tp_gpus_each() -> None:
+    """Under the Ray runtime an SGLang engine is an actor reserving its TP size in GPUs (Ray
+    hands them to its server); a larger reservation is kept. The run itself: tests/modes/test_ray.py."""
+    from relax_gym.trainer.config import config_from_dict
+    from relax_gym.trainer.modes.ray_runtime import engine_resources
 
     raw = {"model": {"build": {"kind": "qwen3"}}, "data": {"envs": [{"id": "relax/ShapeCount-v0"}]},
-           "mode": "fully_async", "async_rl": {"runtime": "ray"}, "engine": {"kind": "sglang"}}
-    with pytest.raises((ConfigError, ValueError), match="not placed as Ray actors"):
-        config_from_dict(raw)
+           "mode": "fully_async", "async_rl": {"runtime": "ray"},
+           "engine": {"kind": "sglang", "sglang": {"tp": 2}, "sync": "disk"}}
+    assert engine_resources(config_from_dict(raw)).num_gpus == 2.0
+    raw["async_rl"]["ray"] = {"engine": {"num_gpus": 4}}
+    assert engine_resources(config_from_dict(raw)).num_gpus == 4.0
+    raw["engine"], raw["async_rl"]["ray"] = {"kind": "embedded"}, {}
+    assert engine_resources(config_from_dict(raw)).num_gpus == 0.0

@@ -65,3 +65,22 @@ async def test_ray_runtime_survives_reward_worker_and_engine_crashes(tiny_model:
     assert train[-1]["sync/engines"] == 1.0  # the surviving engine got every later version
     state = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())
     assert state["phase"] == "done"
+
+
+async def test_ray_hosts_sglang_engines_and_a_bad_install_is_one_clear_error(tiny_model: Path, tmp_path: Path) -> None:
+    """engine.kind sglang under Ray: each engine actor reserves its TP GPUs (here a logical GPU of
+    the local cluster) and checks SGLang on its own node before it starts the server. Without
+    sglang in the serving python the run stops with that one line, and the cluster is shut down."""
+    from relax_gym.trainer.modes.ray_runtime import RayRuntime
+
+    out = tmp_path / "run"
+    raw = config_dict(tiny_model, out, [], train={"steps": 2},
+                      async_rl={"runtime": "ray", "imports": ["tests.modes.workload"],
+                                "ray": {"num_cpus": 2, "num_gpus": 1, "trainer": {"num_cpus": 1},
+                                        "engine": {"num_cpus": 0}, "placement_timeout_s": 60}})
+    raw["engine"] = {"kind": "sglang", "num_engines": 1, "sync": "disk", "sglang": {"tp": 1, "health_timeout_s": 60}}
+    config = config_from_dict(raw)
+    with pytest.raises(Exception, match="sglang is not installed") as err:
+        await asyncio.wait_for(run_async(config, runtime=RayRuntime(config)), 600)
+    assert "could not place" not in str(err.value)  # placed on the logical GPU, failed on the check
+    assert not ray.is_initialized()

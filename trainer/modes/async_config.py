@@ -37,6 +37,7 @@ class RayConfig(_Section):
         None, description="an existing cluster ('ray://host:10001' or 'host:6379' or 'auto'); "
         "None starts a local single-node cluster bound to 127.0.0.1")
     num_cpus: int | None = Field(None, ge=1, description="CPUs of the local cluster (None: Ray's count)")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of the local cluster (None: Ray's count)")
     namespace: str = Field("relax-gym", description="Ray namespace of the run's actors")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="how the placement group spreads the bundles over nodes")

@@ -22,26 +22,34 @@ def import_modules(names: list[str]) -> None:
 # what runs inside each actor
 # ------------------------------------------------------------------------------------------------
 class EngineHost:
-    """An embedded engine served by this actor's process tree, on the node's address."""
+    """An engine served by this actor's process tree, on the node's address: an embedded engine,
+    or (``sglang`` given: the ``engine.sglang`` section) an SGLang server on the GPUs Ray gave
+    this actor (Ray sets ``CUDA_VISIBLE_DEVICES`` for it; the actor reserves ``tp`` GPUs)."""
 
     def __init__(self, model_path: str, api_key: str, *, seed: int, max_batch_size: int, threads: int | None,
-                 log_file: str, startup_timeout_s: float, local: bool) -> None:
+                 log_file: str, startup_timeout_s: float, local: bool, sglang: dict[str, Any] | None = None) -> None:
         import ray
-        from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 
         # Ray registers even a local node under the machine's address (it resolves 127.0.0.1
         # away), so "local" comes from the runtime: a cluster it started itself
         self.node_ip = "127.0.0.1" if local else ray.util.get_node_ip_address()
+        if sglang is not None:
+            self.proc: Any = _start_sglang(model_path, api_key, sglang, log_file=log_file, local=local)
+            self.port = int(self.proc.opts.port)
+            return
+        from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+
         extra = ["--max-batch-size", str(max_batch_size), "--seed", str(seed), "--weight-version", "0"]
         if not local:  # other nodes must reach it: every route then needs the token
             extra += ["--host", "0.0.0.0", "--protect-generation"]
         self.proc = EmbeddedEngineProcess(model_path, api_key=api_key, extra_args=extra, log_file=log_file,
                                           threads=threads, startup_timeout_s=startup_timeout_s)
         self.proc.start()
+        assert self.proc.port is not None
+        self.port = int(self.proc.port)
 
     def url(self) -> str:
-        assert self.proc.port is not None
-        return f"http://{self.node_ip}:{self.proc.port}"
+        return f"http://{self.node_ip}:{self.port}"
 
     def pid(self) -> int:
         assert self.proc.proc is not None
@@ -53,6 +61,27 @@ class EngineHost:
 
     def stop(self) -> None:
         self.proc.stop()
+
+
+def _start_sglang(model_path: str, api_key: str, section: dict[str, Any], *, log_file: str, local: bool) -> Any:
+    """An SGLang server for an :class:`EngineHost`: checked first on this node (sglang installed
+    and new enough, a GPU, every flag accepted by its own parser: one clear line otherwise),
+    then started on a free port, weight version 0, and waited for."""
+    import sys
+
+    from relax_gym.trainer.engines.sglang_launcher import SGLangOptions, SGLangServer, preflight
+    from relax_gym.trainer.weights.broadcast import free_port
+
+    opts = SGLangOptions(model=model_path, host="127.0.0.1" if local else "0.0.0.0", port=free_port(),
+                         tp=int(section.get("tp", 1)), mem_fraction_static=section.get("mem_fraction_static"),
+                         api_key=api_key, weight_version="0", log_file=log_file,
+                         health_timeout_s=float(section.get("health_timeout_s", 900.0)),
+                         python=section.get("python") or sys.executable,
+                         extra_args=list(section.get("extra_args") or []))
+    preflight(opts)
+    server = SGLangServer(opts)
+    server.start()
+    return server
 
 
 class RoleActor:

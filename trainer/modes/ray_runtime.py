@@ -86,7 +86,7 @@ class RayRuntime:
         for attempt in range(3):
             try:
                 if r.address is None:
-                    ray.init(num_cpus=r.num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False,
+                    ray.init(num_cpus=r.num_cpus, num_gpus=r.num_gpus, _node_ip_address="127.0.0.1", include_dashboard=False,
                              namespace=r.namespace, runtime_env=env, log_to_driver=False)
                 else:
                     ray.init(address=r.address, namespace=r.namespace, runtime_env=env, log_to_driver=False)
@@ -146,7 +146,8 @@ class RayRuntime:
         want_ref, want_prox = needs_workers(c)
         slots: list[tuple[str, RoleResources]] = [("trainer", r.trainer), ("rollout", r.rollout), ("queue", r.queue)]
         slots += [(f"reward{i}", r.reward) for i in range(r.reward_workers)]
-        slots += [(f"engine{i}", r.engine) for i in range(c.engine.num_engines)]
+        engine_res = engine_resources(c)
+        slots += [(f"engine{i}", engine_res) for i in range(c.engine.num_engines)]
         slots += [(name, r.logprob) for name, on in (("ref", want_ref), ("prox", want_prox)) if on]
         await self._place(slots)
         learner = self._spawn("trainer", "learner", r.trainer, {"resume": resume})
@@ -160,11 +161,12 @@ class RayRuntime:
         else:
             log_dir = c.out_dir / "engines"
             log_dir.mkdir(parents=True, exist_ok=True)
-            self._engines = [self._spawn(f"engine{i}", "engine", r.engine, {
+            sglang = c.engine.sglang.model_dump(mode="json") if c.engine.kind == "sglang" else None
+            self._engines = [self._spawn(f"engine{i}", "engine", engine_res, {
                 "model_path": self.model_path, "api_key": self.api_key, "seed": c.seed + i,
                 "max_batch_size": c.engine.max_batch_size, "threads": c.engine.threads,
                 "log_file": str(log_dir / f"engine{i}.log"), "startup_timeout_s": c.engine.startup_timeout_s,
-                "local": r.address is None})
+                "local": r.address is None, "sglang": sglang})
                 for i in range(c.engine.num_engines)]
             urls = list(await asyncio.gather(*(e.call.remote("url") for e in self._engines)))
             pids = await asyncio.gather(*(e.call.remote("pid") for e in self._engines))
@@ -239,4 +241,14 @@ async def _ray_call(actor: Any, name: str, *args: Any) -> Any:
     return await actor.call.remote(name, *args)
 
 
-__all__ = ["RayRuntime"]
+
+def engine_resources(config: TrainConfig) -> RoleResources:
+    """What one engine actor reserves: ``async_rl.ray.engine``, and for ``engine.kind: sglang``
+    at least ``engine.sglang.tp`` GPUs (Ray then sets the actor's ``CUDA_VISIBLE_DEVICES`` to
+    them, which is where its SGLang server runs)."""
+    res = config.async_rl.ray.engine
+    if config.engine.kind == "sglang" and res.num_gpus < config.engine.sglang.tp:
+        return res.model_copy(update={"num_gpus": float(config.engine.sglang.tp)})
+    return res
+
+__all__ = ["RayRuntime", "engine_resources"]
