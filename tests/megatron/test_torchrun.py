@@ -242,3 +242,27 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     last = int(saved[-1].split("_")[1])
     trained_after = {r["step"] for r in _records(out) if r["phase"] == "train" and r["step"] > last}
     assert trained_after == set(range(last + 1, 5))
+
+
+@pytest.mark.slow  # one TP=2 torchrun run: ~1.5 min on a loaded 2-core box
+@pytest.mark.timeout(1200)
+def test_fully_async_under_torchrun_tp2(tmp_path: Path) -> None:
+    """mode fully_async on a TP=2 megatron trainer under torchrun: rank 0 runs the learner,
+    producer, queue and logprob workers; the follower rank replays the backend calls. (hybrid
+    ran the same way by hand: docs/megatron.md.)"""
+    from relax_gym.trainer.models import build_tiny_model
+
+    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
+    out = tmp_path / "run"
+    cfg = _config(model, out, steps=2)
+    cfg["warmup"]["enabled"] = False
+    cfg["eval"]["every"] = 0
+    cfg["megatron"] = {"tensor_parallel_size": 2}
+    cfg["mode"] = "fully_async"
+    cfg["async_rl"] = {"max_staleness": 1, "imports": ["tests.trainer.envs"]}
+    proc = _run(cfg, tmp_path / "run.yaml", nproc=2)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [r for r in _records(out) if r["phase"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]  # exactly one rank logs
+    assert train[-1]["sync/engines"] == 1  # a step's publish is logged with the next step
+    assert (out / "final_model" / "config.json").is_file()
