@@ -796,11 +796,20 @@ def check_envs(config: TrainConfig) -> None:
     _check_per_env_rewards(config, sorted({env_id for _, env_id, _ in envs}))
 
 
+def is_dataset_env(env_id: str) -> bool:
+    """Whether the registered env is built from dataset rows (its spec or class is tagged
+    ``dataset``); an unknown id is not."""
+    from relax_gym.registration import spec
+
+    try:
+        return "dataset" in spec(env_id).resolved_tags()
+    except Exception:  # an unknown id or an entry point that cannot load is reported elsewhere
+        return False
+
+
 def _needs_run_tokenizer(env_id: str, kwargs: Mapping[str, Any]) -> bool:
     """A dataset env asked to filter prompts by token count (``max_prompt_tokens``, from its
     kwargs, its registration or its ``config:`` file) without naming a tokenizer."""
-    from relax_gym.trainer.rollout.sampler import is_dataset_env
-
     if "tokenizer" in kwargs or not is_dataset_env(env_id):
         return False
     try:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from relax_gym.trainer.config import EnvEntry, load_entry_point
+from relax_gym.trainer.config import EnvEntry, is_dataset_env, load_entry_point
 from relax_gym.trainer.rollout import EpisodeSpec
 
 EVAL_ENV_STRIDE = 10_000_000
@@ -40,17 +40,6 @@ def envs_of_suite(name: str) -> list[EnvEntry]:
 
     suite = relax_gym.make_suite(name)
     return [EnvEntry(id=env_id, kwargs=dict(suite.env_kwargs.get(env_id, {}))) for env_id in suite.env_ids]
-
-
-def is_dataset_env(env_id: str) -> bool:
-    """Whether the registered env is built from dataset rows (its spec or class is tagged
-    ``dataset``); an unknown id is not."""
-    from relax_gym.registration import spec
-
-    try:
-        return "dataset" in spec(env_id).resolved_tags()
-    except Exception:  # an unknown id or an entry point that cannot load is reported elsewhere
-        return False
 
 
 @dataclass
