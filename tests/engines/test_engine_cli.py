@@ -25,7 +25,7 @@ SERVE_ARGV = [
     "--max-request-mb", "1", "--max-weight-request-mb", "2", "--max-buffered-mb", "3", "--body-timeout", "8",
     "--max-prompt-chars", "9", "--max-images", "10", "--max-image-mb", "4", "--max-image-pixels", "11",
     "--heavy-concurrency", "12", "--max-connections", "13", "--dtype", "bfloat16", "--log-level", "info",
-    "--weight-group-timeout", "14", "--shutdown-grace", "15",
+    "--weight-group-timeout", "14", "--shutdown-grace", "15", "--exit-with-parent",
 ]  # fmt: skip
 
 
