@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from relax_gym.trainer.engines.weight_receiver import (
+    ALIASES_KEY,
     NamedTensors,
     WeightTransportError,
     decode_blob,
@@ -92,8 +93,37 @@ def read_shm_blob(item: str, *, max_bytes: int, folder: Path | None = None) -> N
         if info.st_size > max_bytes:
             raise WeightTransportError(
                 f"shared-memory weights {path} hold {info.st_size} bytes, more than the {max_bytes} allowed")
-        blob = f.read(max_bytes + 1)
-    return decode_blob(blob)
+        proc_fd = Path(f"/proc/self/fd/{f.fileno()}")
+        if not proc_fd.exists():  # no procfs: read the bytes (one more copy)
+            return decode_blob(f.read(max_bytes + 1))
+        return _map(proc_fd, path)
+
+
+def _map(opened: Path, shown: Path) -> NamedTensors:
+    """The tensors of an opened file, mapped rather than read (the copy into the model is the
+    only one); ``opened`` is the ``/proc/self/fd`` link of the checked descriptor."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(opened), framework="pt") as blob:
+            named = {name: blob.get_tensor(name) for name in blob.keys()}  # noqa: SIM118 -- not a dict
+            meta = blob.metadata() or {}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise WeightTransportError(f"shared-memory weights {shown} are not a safetensors blob: {exc}") from None
+    try:
+        aliases = json.loads(meta.get(ALIASES_KEY, "{}"))
+    except json.JSONDecodeError:
+        aliases = None
+    if not isinstance(aliases, dict):
+        raise WeightTransportError(f"shared-memory weights {shown} have unreadable alias metadata")
+    out = list(named.items())
+    for alias, stored in aliases.items():
+        if stored not in named:
+            raise WeightTransportError(f"alias {alias!r} points to {stored!r}, which {shown} does not hold")
+        out.append((str(alias), named[stored]))
+    return out
 
 
 __all__ = ["FILE_PREFIX", "SHM_LOAD_FORMAT", "host_id", "read_shm_blob", "shm_dir", "write_shm_blob"]

@@ -54,7 +54,7 @@ class WeightTransportError(RelaxGymError, ValueError):
 # ------------------------------------------------------------------------------------------------
 # safetensors items
 # ------------------------------------------------------------------------------------------------
-_ALIASES_KEY = "relax_gym.aliases"  # safetensors metadata: {"alias name": "stored name"}
+ALIASES_KEY = "relax_gym.aliases"  # safetensors metadata: {"alias name": "stored name"}
 
 
 def pack_named_tensors(
@@ -82,7 +82,7 @@ def pack_named_tensors(
         ptr = cpu.untyped_storage().data_ptr()
         tensors[name] = cpu.clone() if ptr in storages else cpu
         storages.add(ptr)
-    return tensors, ({_ALIASES_KEY: json.dumps(aliases)} if aliases else None)
+    return tensors, ({ALIASES_KEY: json.dumps(aliases)} if aliases else None)
 
 
 def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -125,7 +125,7 @@ def decode_blob(blob: bytes) -> NamedTensors:
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise WeightTransportError(f"serialized_named_tensors item is not a safetensors blob: {exc}") from None
     try:
-        aliases = json.loads(_blob_metadata(blob).get(_ALIASES_KEY, "{}"))
+        aliases = json.loads(_blob_metadata(blob).get(ALIASES_KEY, "{}"))
     except json.JSONDecodeError:
         raise WeightTransportError("serialized_named_tensors item has unreadable alias metadata") from None
     if not isinstance(aliases, dict):
@@ -509,6 +509,7 @@ def validate_distributed_request(req: UpdateWeightsFromDistributedRequest) -> No
 
 
 __all__ = [
+    "ALIASES_KEY",
     "DEFAULT_GROUP_TIMEOUT_S",
     "GroupHandle",
     "UpdateWeightsFromTensorRequest",
