@@ -70,6 +70,7 @@ def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any
                            "concurrency": max(64, a.samples)})
     raw["train"].update({"micro_batch_size": a.samples})
     raw["eval"] = {"every": a.eval_every, "episodes": 64, "at_start": True}
+    raw["checkpoint"]["export_hf"] = True  # out/final_model, for the common evaluation
     return raw
 
 
@@ -93,7 +94,9 @@ def run_relax(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     elapsed = {r["step"]: sum(s["step_s"] for s in steps[: r["step"]]) for r in train_rows}
     evals = [{"step": r["step"], "train_s": elapsed.get(r["step"], 0.0), "success": r["success"]}
              for r in rows if r["phase"] == "eval" and "success" in r]
-    return {"steps": steps, "evals": evals, "total_s": total, "load": (load, os.getloadavg()[0])}
+    rewards = [r["rollout/reward_mean"] for r in train_rows if "rollout/reward_mean" in r]
+    return {"steps": steps, "evals": evals, "total_s": total, "load": (load, os.getloadavg()[0]),
+            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None}
 
 
 def _tokens(row: dict[str, Any]) -> float:
@@ -118,7 +121,35 @@ def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict
     res = json.loads((out / "result.json").read_text())
     evals = ([{"step": 0, "train_s": 0.0, "success": res["first_eval"]["success"]}] if res.get("first_eval") else [])
     evals += [{"step": e["step"], "train_s": e["train_s"], "success": e["success"]} for e in res["evals"]]
-    return {"steps": res["steps"], "evals": evals, "total_s": res["total_s"], "load": (load, os.getloadavg()[0])}
+    rewards = [h["reward"] for h in res["logs"] if "reward" in h]
+    return {"steps": res["steps"], "evals": evals, "total_s": res["total_s"], "load": (load, os.getloadavg()[0]),
+            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None}
+
+
+def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
+    """Held-out success of a final model under one evaluator for both sides: the model's chat
+    template, greedy ``generate`` (left-padded batches), the env's own reward and success."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    modes = _import_modes()
+    env = modes.VowelsEnv()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    wins, total = 0, 0.0
+    for i in range(0, len(heldout), 32):
+        chunk = heldout[i: i + 32]
+        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+        for row in out[:, enc["input_ids"].shape[1]:]:
+            env.reset(seed=0)
+            _, reward, _, _, info = env.step(tok.decode(row, skip_special_tokens=True))
+            total += reward
+            wins += bool(info["success"])
+    return {"success": wins / len(heldout), "reward": total / len(heldout)}
 
 
 def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -138,6 +169,8 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
                            "rest_s": statistics.median(statistics.median(s["step_s"] - s["gen_s"] for s in r["steps"][1:])
                                                        for r in runs),
                            "final_success": [r["evals"][-1]["success"] if r["evals"] else None for r in runs],
+                           "common_eval": [r.get("common_eval") for r in runs],
+                           "train_reward_last5": [r.get("reward_last5") for r in runs],
                            "time_to_target_s": reach, "total_s": [r["total_s"] for r in runs],
                            "load": [r["load"] for r in runs],
                            "step_s_rounds": [statistics.median(s["step_s"] for s in r["steps"][1:]) for r in runs]}
@@ -182,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds if r % 2 == 0 else list(reversed(kinds)):
             out = root / f"{kind}-r{r}"
             res = run_relax(model, out, a) if kind == "relax" else run_trl(model, out, a, train_rows, heldout)
+            res["common_eval"] = common_eval(out / "final_model", heldout, a.max_new_tokens)
             results[kind].append(res)
             print(f"round {r} {kind}: step median {statistics.median(s['step_s'] for s in res['steps'][1:]):.2f} s, "
                   f"total {res['total_s']:.1f} s, final success {res['evals'][-1]['success'] if res['evals'] else '-'} "
+                  f"(common evaluator {res['common_eval']['success']:.2f}, train reward last 5 {res['reward_last5']:.3f}) "
                   f"(load {res['load'][0]:.1f} -> {res['load'][1]:.1f})", flush=True)
     summary = {k: summarize(v, a.target) for k, v in results.items()}
     if "relax" in summary and "trl" in summary:

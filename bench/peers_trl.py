@@ -164,6 +164,7 @@ def main(spec_path: str, result_path: str) -> int:
     total = time.perf_counter() - start
     final = evals[-1] if evals and evals[-1]["step"] == int(hp["steps"]) else {
         "step": int(hp["steps"]), "train_s": clock["train_s"], **evaluate()}
+    trainer.save_model(str(Path(spec["out"]) / "final_model"))  # for bench/peers.py's common evaluation
     logs = [h for h in trainer.state.log_history if "loss" in h]
     Path(result_path).write_text(json.dumps({
         "steps": steps, "evals": evals, "first_eval": first, "final_eval": final, "total_s": total,
