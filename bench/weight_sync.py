@@ -8,7 +8,10 @@ For each size, a tiny Qwen3 (tiny BPE vocabulary, so the layers dominate) is wid
 over each transport of ``relax_gym.trainer.weights`` (what the publisher calls):
 
 * **disk** (``DiskTransport``) -- ``save_pretrained`` to a folder + ``/update_weights_from_disk`` (any engine);
-* **tensor** (``TensorTransport``) -- ``/update_weights_from_tensor`` with base64 safetensors buckets (same host only);
+* **shm** (``TensorTransport``, the default for an engine on this host) -- ``/update_weights_from_tensor``
+  with the path of a ``/dev/shm`` safetensors file per bucket;
+* **tensor** (``TensorTransport(shared_memory=False)``) -- ``/update_weights_from_tensor`` with base64
+  safetensors buckets in the body (what an engine on another host gets);
 * **broadcast** (``BroadcastTransport``) -- ``/init_weights_update_group`` once, then per push
   ``/update_weights_from_distributed`` and a bucketed broadcast over a gloo process group (the code path
   SGLang uses with NCCL).
@@ -71,7 +74,8 @@ async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
             await sync.ensure_group([engine.url])
             out["broadcast_group_setup_s"] = time.perf_counter() - start
             transports = (("disk", DiskTransport(work / f"push-{size}", api_key=key)),
-                          ("tensor", TensorTransport(api_key=key)), ("broadcast", sync))
+                          ("shm", TensorTransport(api_key=key)),
+                          ("tensor", TensorTransport(api_key=key, shared_memory=False)), ("broadcast", sync))
             for name, transport in transports:
                 times = []
                 for _ in range(repeats):
@@ -91,10 +95,11 @@ async def measure(size: str, repeats: int, work: Path) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model (MB fp32) | disk (s) | tensor (s) | broadcast (s) | broadcast MB/s | group set-up (s) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model (MB fp32) | disk (s) | shm (s) | tensor, base64 body (s) | broadcast (s) | broadcast MB/s | "
+             "group set-up (s) |", "|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['megabytes']:.1f} | {r['disk_s']:.3f} | {r['tensor_s']:.3f} | {r['broadcast_s']:.3f} | "
+        lines.append(f"| {r['megabytes']:.1f} | {r['disk_s']:.3f} | {r['shm_s']:.3f} | {r['tensor_s']:.3f} | "
+                     f"{r['broadcast_s']:.3f} | "
                      f"{r['broadcast_mb_per_s']:.0f} | {r['broadcast_group_setup_s']:.2f} |")
     return "\n".join(lines)
 

@@ -153,6 +153,9 @@ class EngineConfig(_Section):
         "SGLang on GPUs with nccl); auto = tensor for embedded engines, disk otherwise",
     )
     sync_bucket_mb: int = Field(256, ge=1, description="size of one weight bucket (tensor and distributed)")
+    sync_shared_memory: bool = Field(
+        True, description="tensor sync: hand engines on this host each bucket as a /dev/shm safetensors file "
+        "(its path in the request) instead of base64 in the body; engines elsewhere always get the body")
     distributed: DistributedSyncConfig = Field(default_factory=DistributedSyncConfig)
 
     @model_validator(mode="after")

@@ -66,6 +66,10 @@ def bind_socket(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # accepted connections inherit it: Starlette sends a reply's headers and body in two writes,
+    # and with Nagle on the body waited for the client's delayed ACK -- 40 ms on every JSON
+    # reply of a kept-alive connection (each /generate answer, each step of a weight sync)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock

@@ -68,6 +68,7 @@ from relax_gym.trainer.engines.engine import EngineCore, make_sequence
 from relax_gym.trainer.engines.chat_completions import chat_completions, text_completions
 from relax_gym.trainer.engines.prepare import BadRequest, HTTPError, InputLimits, PreparedPrompt, check_raw_generate, prepare_prompt, resolve_sampling
 from relax_gym.trainer.engines.model_runner import WeightUpdateError
+from relax_gym.trainer.engines.shm_weights import SHM_LOAD_FORMAT, host_id, read_shm_blob, shm_dir
 from relax_gym.trainer.engines.weight_receiver import (
     UpdateWeightsFromTensorRequest,
     WeightGroupError,
@@ -566,6 +567,10 @@ class _InfoRoutes:
                 "tp_size": 1,
                 "dp_size": 1,
                 "version": f"relax-gym-embedded {_package_version()}",
+                # the in-memory weight path: a trainer with the same host id hands over /dev/shm files
+                "weight_load_formats": ["safetensors", SHM_LOAD_FORMAT],
+                "weight_shm_dir": str(shm_dir()),
+                "host_id": host_id(),
             }
         )
 
@@ -688,6 +693,14 @@ class _WeightRoutes:
         # SGLang's own items (load_format absent/None, "direct" or "flattened_bucket") are pickles
         # carrying CUDA IPC handles: only a process on the same GPUs can make them, and
         # unpickling a request body would let the caller run code here
+        if data["load_format"] == SHM_LOAD_FORMAT:  # paths of /dev/shm files (shm_weights.py)
+            limit = self.service.config.max_weight_request_bytes
+            named = await run_in_threadpool(
+                lambda: [nt for item in req.serialized_named_tensors for nt in read_shm_blob(item, max_bytes=limit)]
+            )
+            return await self._update(
+                lambda: self.runner.load_named_tensors(named), req.weight_version, req.abort_all_requests
+            )
         if data["load_format"] != "safetensors":
             raise HTTPError(
                 400,

@@ -54,19 +54,19 @@ class WeightTransportError(RelaxGymError, ValueError):
 # ------------------------------------------------------------------------------------------------
 # safetensors items
 # ------------------------------------------------------------------------------------------------
-_ALIASES_KEY = "relax_gym.aliases"  # safetensors metadata: {"alias name": "stored name"}
+ALIASES_KEY = "relax_gym.aliases"  # safetensors metadata: {"alias name": "stored name"}
 
 
-def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """Base64 text of one safetensors blob holding ``named`` (moved to CPU, made contiguous).
+def pack_named_tensors(
+    named: Iterable[tuple[str, torch.Tensor]],
+) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    """The tensors and metadata of one safetensors blob holding ``named`` (CPU, contiguous).
 
-    A tensor that is an exact alias of one already in the blob (tied weights such as
-    ``lm_head.weight`` and the embeddings) is stored once and listed in the blob's metadata, so
-    the payload does not carry the same bytes twice; :func:`decode_named_tensors` restores both
-    names. Tensors that merely overlap in memory are copied.
+    A tensor that is an exact alias of one already packed (tied weights such as
+    ``lm_head.weight`` and the embeddings) is stored once and listed in the metadata, so the
+    blob does not carry the same bytes twice; :func:`decode_blob` restores both names. Tensors
+    that merely overlap in memory are copied.
     """
-    from safetensors.torch import save
-
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     by_view: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
@@ -82,7 +82,14 @@ def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
         ptr = cpu.untyped_storage().data_ptr()
         tensors[name] = cpu.clone() if ptr in storages else cpu
         storages.add(ptr)
-    metadata = {_ALIASES_KEY: json.dumps(aliases)} if aliases else None
+    return tensors, ({ALIASES_KEY: json.dumps(aliases)} if aliases else None)
+
+
+def encode_named_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """Base64 text of one safetensors blob holding ``named`` (see :func:`pack_named_tensors`)."""
+    from safetensors.torch import save
+
+    tensors, metadata = pack_named_tensors(named)
     return base64.b64encode(save(tensors, metadata=metadata)).decode("ascii")
 
 
@@ -101,19 +108,24 @@ def _blob_metadata(blob: bytes) -> dict[str, str]:
 
 def decode_named_tensors(item: str) -> NamedTensors:
     """Inverse of :func:`encode_named_tensors`; raises WeightTransportError on bad input."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
     try:
         blob = base64.b64decode(item, validate=True)
     except (binascii.Error, ValueError):
         raise WeightTransportError("serialized_named_tensors item is not valid base64") from None
+    return decode_blob(blob)
+
+
+def decode_blob(blob: bytes) -> NamedTensors:
+    """The named tensors of one safetensors blob (aliases restored); WeightTransportError on bad input."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
     try:
         named = load(blob)
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise WeightTransportError(f"serialized_named_tensors item is not a safetensors blob: {exc}") from None
     try:
-        aliases = json.loads(_blob_metadata(blob).get(_ALIASES_KEY, "{}"))
+        aliases = json.loads(_blob_metadata(blob).get(ALIASES_KEY, "{}"))
     except json.JSONDecodeError:
         raise WeightTransportError("serialized_named_tensors item has unreadable alias metadata") from None
     if not isinstance(aliases, dict):
@@ -497,17 +509,20 @@ def validate_distributed_request(req: UpdateWeightsFromDistributedRequest) -> No
 
 
 __all__ = [
+    "ALIASES_KEY",
     "DEFAULT_GROUP_TIMEOUT_S",
     "GroupHandle",
     "UpdateWeightsFromTensorRequest",
     "WeightGroupError",
     "WeightReceiver",
     "WeightTransportError",
+    "decode_blob",
     "decode_named_tensors",
     "dtype_name",
     "encode_named_tensors",
     "first_line",
     "new_process_group",
+    "pack_named_tensors",
     "parse_dtype",
     "start_daemon",
     "validate_distributed_request",

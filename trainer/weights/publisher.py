@@ -209,7 +209,7 @@ def make_transport(engine: EngineConfig, *, api_key: str | None, staging_dir: st
     if path == "tensor":
         from relax_gym.trainer.weights.tensor import TensorTransport
 
-        return TensorTransport(api_key=api_key, bucket_bytes=bucket_bytes)
+        return TensorTransport(api_key=api_key, bucket_bytes=bucket_bytes, shared_memory=engine.sync_shared_memory)
     if path == "disk":
         from relax_gym.trainer.weights.disk import DiskTransport
 

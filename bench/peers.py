@@ -1,0 +1,237 @@
+"""relax-gym against TRL's GRPOTrainer on the same CPU workload, interleaved in one run.
+
+    python bench/peers.py [--trl-python /work/trl-venv/bin/python] [--steps 20] [--rounds 2]
+                          [--samples 32] [--group 8] [--max-new-tokens 24] [--threads 1]
+                          [--eval-every 5] [--runs relax,trl] [--out /tmp/bench-peers] [--json FILE]
+
+TRL lives in a virtual environment of its own, never in relax-gym's dependencies::
+
+    python3.11 -m venv /work/trl-venv && /work/trl-venv/bin/pip install torch==2.13.0 trl==1.16.0
+
+The workload is bench/modes.py's: a tiny random Qwen3 (hidden 256, 4 layers, tiny BPE) built
+once, learning "reply with vowels" (reward: the fraction of vowels among the reply's letters;
+success: at least three quarters) with GRPO, colocate. Both sides get the same model folder,
+the same prompts (the env's own, rendered by each side's chat template), the same reward, the
+same hyperparameters (AdamW lr 1e-3 constant, grad clip 1, groups of ``--group``, ``--samples``
+per step in one optimizer step, clip 0.2/0.28, token-mean loss, no KL, temperature 1) and the
+same torch threads per compute process. relax-gym runs with its defaults otherwise (embedded
+engine in a child process, ``engine.sync: auto``).
+
+Reported per side (medians over the steps after the first, then over rounds; A,B,A,B order):
+step time, generation time and completion tokens/s, the rest of the step ("train": logprobs,
+loss, backward, optimizer, and weight sync for relax-gym), held-out success (greedy, 64
+episodes with seeds never trained on, every ``--eval-every`` steps, evaluation time excluded)
+and the training time until it first reached ``--target``, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_SEED_START = 1_000_000_000
+
+
+def _import_modes() -> Any:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import bench.modes as modes
+
+    return modes
+
+
+def prompts(seeds: range) -> list[dict[str, Any]]:
+    """The env's first observation for each seed, as chat messages (what TRL trains on)."""
+    modes = _import_modes()
+    env = modes.VowelsEnv()
+    rows = []
+    for s in seeds:
+        obs, _ = env.reset(seed=s)
+        rows.append({"prompt": [{"role": m.role, "content": m.text} for m in obs.messages]})
+    return rows
+
+
+def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    modes = _import_modes()
+    raw = modes.base_config(model, out, a.steps)
+    raw["mode"] = "colocate"
+    raw["threads"] = a.threads
+    raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": a.threads}  # sync: auto (the default)
+    raw["rollout"].update({"group_size": a.group, "prompts_per_step": a.samples // a.group,
+                           "max_new_tokens": a.max_new_tokens, "max_total_tokens": a.max_new_tokens + 104,
+                           "concurrency": max(64, a.samples)})
+    raw["train"].update({"micro_batch_size": a.samples})
+    raw["eval"] = {"every": a.eval_every, "episodes": 64, "at_start": True}
+    raw["checkpoint"]["export_hf"] = True  # out/final_model, for the common evaluation
+    return raw
+
+
+def run_relax(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    from relax_gym.trainer.config import config_from_dict
+    from relax_gym.trainer.modes.async_runner import train
+
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    train(config_from_dict(relax_config(model, out, a)))
+    total = time.perf_counter() - start
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train_rows = [r for r in rows if r["phase"] == "train"]
+    steps = []
+    for r in train_rows:
+        gen = r.get("time/rollout", 0.0) + r.get("time/reward", 0.0)
+        steps.append({"step_s": r["time/step"], "gen_s": gen, "gen_tokens": _tokens(r),
+                      "sync_s": r.get("time/sync", 0.0), "logprob_s": r.get("time/logprob", 0.0),
+                      "train_s": r.get("time/train", 0.0)})
+    # training time so far at each evaluation: the steps' own times (evaluations excluded)
+    elapsed = {r["step"]: sum(s["step_s"] for s in steps[: r["step"]]) for r in train_rows}
+    evals = [{"step": r["step"], "train_s": elapsed.get(r["step"], 0.0), "success": r["success"]}
+             for r in rows if r["phase"] == "eval" and "success" in r]
+    rewards = [r["rollout/reward_mean"] for r in train_rows if "rollout/reward_mean" in r]
+    return {"steps": steps, "evals": evals, "total_s": total, "load": (load, os.getloadavg()[0]),
+            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None}
+
+
+def _tokens(row: dict[str, Any]) -> float:
+    """Completion tokens sampled in the step (episodes x mean sampled tokens)."""
+    return float(row.get("rollout/response_tokens_mean", float("nan"))) * float(row.get("rollout/episodes", 0))
+
+
+def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict[str, Any]],
+            heldout: list[dict[str, Any]]) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"model": str(model), "out": str(out), "seed": 11, "threads": a.threads, "reward": "vowels",
+            "train": train_rows, "heldout": heldout, "eval_every": a.eval_every,
+            "hp": {"steps": a.steps, "lr": 1e-3, "samples_per_step": a.samples, "group_size": a.group,
+                   "max_new_tokens": a.max_new_tokens}}
+    (out / "spec.json").write_text(json.dumps(spec))
+    load = os.getloadavg()[0]
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([a.trl_python, str(ROOT / "bench" / "peers_trl.py"), str(out / "spec.json"),
+                           str(out / "result.json")], env=env, capture_output=True, text=True, timeout=a.timeout_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"TRL run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    res = json.loads((out / "result.json").read_text())
+    evals = ([{"step": 0, "train_s": 0.0, "success": res["first_eval"]["success"]}] if res.get("first_eval") else [])
+    evals += [{"step": e["step"], "train_s": e["train_s"], "success": e["success"]} for e in res["evals"]]
+    rewards = [h["reward"] for h in res["logs"] if "reward" in h]
+    return {"steps": res["steps"], "evals": evals, "total_s": res["total_s"], "load": (load, os.getloadavg()[0]),
+            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None}
+
+
+def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
+    """Held-out success of a final model under one evaluator for both sides: the model's chat
+    template, greedy ``generate`` (left-padded batches), the env's own reward and success."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    modes = _import_modes()
+    env = modes.VowelsEnv()
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    wins, total = 0, 0.0
+    for i in range(0, len(heldout), 32):
+        chunk = heldout[i: i + 32]
+        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+        for row in out[:, enc["input_ids"].shape[1]:]:
+            env.reset(seed=0)
+            _, reward, _, _, info = env.step(tok.decode(row, skip_special_tokens=True))
+            total += reward
+            wins += bool(info["success"])
+    return {"success": wins / len(heldout), "reward": total / len(heldout)}
+
+
+def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Medians over rounds of each run's steady-state median (the first step pays for warm-up)."""
+
+    def med(key: str) -> float:
+        per_run = [statistics.median(s[key] for s in r["steps"][1:]) for r in runs]
+        return statistics.median(per_run)
+
+    tps = [sum(s["gen_tokens"] for s in r["steps"][1:]) / max(1e-9, sum(s["gen_s"] for s in r["steps"][1:]))
+           for r in runs]
+    reach = []
+    for r in runs:
+        hit = next((e for e in r["evals"] if e["success"] >= target), None)
+        reach.append(hit["train_s"] if hit else None)
+    out: dict[str, Any] = {"step_s": med("step_s"), "gen_s": med("gen_s"), "gen_tokens_per_s": statistics.median(tps),
+                           "rest_s": statistics.median(statistics.median(s["step_s"] - s["gen_s"] for s in r["steps"][1:])
+                                                       for r in runs),
+                           "final_success": [r["evals"][-1]["success"] if r["evals"] else None for r in runs],
+                           "common_eval": [r.get("common_eval") for r in runs],
+                           "train_reward_last5": [r.get("reward_last5") for r in runs],
+                           "time_to_target_s": reach, "total_s": [r["total_s"] for r in runs],
+                           "load": [r["load"] for r in runs],
+                           "step_s_rounds": [statistics.median(s["step_s"] for s in r["steps"][1:]) for r in runs]}
+    if "sync_s" in runs[0]["steps"][0]:
+        for key in ("sync_s", "logprob_s", "train_s"):
+            out[key] = med(key)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trl-python", default="/work/trl-venv/bin/python")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--samples", type=int, default=32, help="samples per step")
+    p.add_argument("--group", type=int, default=8, help="samples per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per compute process")
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--target", type=float, default=0.9, help="held-out success to time")
+    p.add_argument("--runs", default="relax,trl")
+    p.add_argument("--timeout-s", type=float, default=3600.0)
+    p.add_argument("--out", default="/tmp/bench-peers")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if a.samples % a.group:
+        p.error("--samples must be a multiple of --group")
+    import shutil
+
+    modes = _import_modes()
+    from relax_gym.trainer.models import build_tiny_model
+
+    root = Path(a.out)
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    model = build_tiny_model("qwen3", root / "model", seed=0, tokenizer="tiny-bpe", **modes.MODEL)
+    train_rows = prompts(range(a.steps * a.samples // a.group * 2))
+    heldout = prompts(range(EVAL_SEED_START, EVAL_SEED_START + 64))
+    kinds = a.runs.split(",")
+    results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+    for r in range(a.rounds):
+        for kind in kinds if r % 2 == 0 else list(reversed(kinds)):
+            out = root / f"{kind}-r{r}"
+            res = run_relax(model, out, a) if kind == "relax" else run_trl(model, out, a, train_rows, heldout)
+            res["common_eval"] = common_eval(out / "final_model", heldout, a.max_new_tokens)
+            results[kind].append(res)
+            print(f"round {r} {kind}: step median {statistics.median(s['step_s'] for s in res['steps'][1:]):.2f} s, "
+                  f"total {res['total_s']:.1f} s, final success {res['evals'][-1]['success'] if res['evals'] else '-'} "
+                  f"(common evaluator {res['common_eval']['success']:.2f}, train reward last 5 {res['reward_last5']:.3f}) "
+                  f"(load {res['load'][0]:.1f} -> {res['load'][1]:.1f})", flush=True)
+    summary = {k: summarize(v, a.target) for k, v in results.items()}
+    if "relax" in summary and "trl" in summary:
+        summary["ratio_step"] = summary["relax"]["step_s"] / summary["trl"]["step_s"]
+        summary["ratio_step_rounds"] = [x / y for x, y in zip(summary["relax"]["step_s_rounds"],
+                                                               summary["trl"]["step_s_rounds"], strict=True)]
+    summary["args"] = vars(a)
+    print(json.dumps(summary, indent=1))
+    if a.json:
+        Path(a.json).write_text(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
