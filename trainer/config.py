@@ -51,6 +51,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from relax_gym.errors import RegistrationError, RelaxGymError
+from relax_gym.trainer.backends.lora import LoraSettings  # torch-free until adapters are applied
 from relax_gym.trainer.algorithms.config import AlgorithmConfig  # torch-free; algorithms.py imports torch
 from relax_gym.trainer.rollout.config import RolloutConfig  # torch-free, like the algorithm section
 
@@ -79,7 +80,7 @@ class _Section(BaseModel):
 class TinyModelSpec(_Section):
     """A tiny random model built from a config with ``relax_gym.trainer.models.build_tiny_model``."""
 
-    kind: Literal["qwen3", "qwen3_vl"] = Field("qwen3_vl", description="architecture to build")
+    kind: Literal["qwen3", "qwen3_vl", "llama", "qwen2"] = Field("qwen3_vl", description="architecture to build")
     seed: int = Field(0, ge=0, description="weight initialisation seed")
     tokenizer: Literal["qwen3", "tiny-bpe"] = Field("qwen3", description="the real Qwen3 tokenizer or a tiny BPE")
     text: dict[str, Any] = Field(default_factory=dict, description="text-config overrides (hidden_size, ...)")
@@ -95,6 +96,7 @@ class ModelConfig(_Section):
         "float32", description="float32, or bfloat16 autocast (fp32 master weights and optimizer state)"
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward to save memory")
+    lora: LoraSettings | None = Field(None, description="train LoRA adapters (torch backend); the engine gets merged weights")
     template_kwargs: dict[str, Any] = Field(
         default_factory=lambda: {"enable_thinking": False},
         description="extra chat-template variables (Qwen3: enable_thinking)",
@@ -413,6 +415,8 @@ class TrainConfig(_Section):
         if self.eval.envs is not None and self.eval.suite is not None:
             raise ValueError("give eval.envs or eval.suite, not both")
         if self.backend == "megatron":
+            if self.model.lora is not None:
+                raise ValueError("model.lora is implemented by the torch backend only (train.backend: torch)")
             self._megatron_checks()
         self._async_checks()
         return self

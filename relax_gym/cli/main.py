@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sft": ("relax_gym.trainer.sft_cli", "supervised warm-start from oracle trajectories"),
     "eval": ("relax_gym.leaderboards.eval_cli", "evaluate an agent on an env suite"),
     "leaderboard": ("relax_gym.leaderboards.leaderboard_cli", "render leaderboards from eval runs"),
+    "models": ("relax_gym.trainer.models_cli", "import pretrained GGUF checkpoints (pip packages) as HF folders"),
 }
 
 

@@ -42,6 +42,8 @@ from relax_gym.trainer.backends.base import (
     copy_side_files,
     micro_batches,
 )
+from relax_gym.trainer.backends.lora import LoraSettings, apply_lora, merged_weights, save_merged_folder
+from relax_gym.trainer.models.architectures import UnsupportedArchitecture, check_servable
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, read_json_model, save_tree
 
 #: files copied from the source model folder next to exported weights (tokenizer, processor)
@@ -93,6 +95,7 @@ class TorchBackend(TrainerBackend):
         logprob_micro_batch_size: int | None = None,
         gradient_checkpointing: bool = False,
         optimizer: OptimizerSettings | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
@@ -106,6 +109,10 @@ class TorchBackend(TrainerBackend):
         self.micro_batch_size = micro_batch_size
         self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
         self.config = AutoConfig.from_pretrained(str(self.model_path))
+        try:
+            check_servable(self.config, "the torch backend")
+        except UnsupportedArchitecture as exc:
+            raise BackendError(str(exc)) from None
         self.model = _model_class(self.config).from_pretrained(str(self.model_path), dtype=torch.float32)
         self.model.to(self.device)
         self.model.config.use_cache = False
@@ -122,8 +129,12 @@ class TorchBackend(TrainerBackend):
         if pad is None:
             pad = getattr(self.config, "pad_token_id", None)
         self.pad_token_id = int(pad) if isinstance(pad, int) else 0
-        self._base = self.model.model if hasattr(self.model, "model") else getattr(self.model, self.model.base_model_prefix)
-        self._head = self.model.get_output_embeddings()
+        self.lora = lora
+        if lora is not None:  # adapters on the chosen linears; the engine still gets merged HF weights
+            self.model = apply_lora(self.model, lora)
+        hf_model = self.model.get_base_model() if lora is not None else self.model
+        self._base = hf_model.model if hasattr(hf_model, "model") else getattr(hf_model, hf_model.base_model_prefix)
+        self._head = hf_model.get_output_embeddings()
         self.version = 0
         self.updates = 0  # optimizer updates in the current phase (drives the schedule)
         self.optim_settings = optimizer or OptimizerSettings()
@@ -247,6 +258,10 @@ class TorchBackend(TrainerBackend):
         return metrics
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        if self.lora is not None:
+            with torch.no_grad():
+                yield from merged_weights(self.model)
+            return
         seen: set[int] = set()
         for name, tensor in self.model.state_dict().items():
             ptr = tensor.data_ptr()
@@ -258,7 +273,10 @@ class TorchBackend(TrainerBackend):
     def save_pretrained(self, path: str | Path) -> Path:
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(str(out))
+        if self.lora is not None:
+            save_merged_folder(self.model, out, dict(self.named_weights()), adapter=self.lora.save_adapter)
+        else:
+            self.model.save_pretrained(str(out))
         copy_side_files(self.model_path, out, SIDE_FILES)
         return out
 
@@ -269,7 +287,7 @@ class TorchBackend(TrainerBackend):
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({n: t.contiguous().cpu() for n, t in self.named_weights()}, str(out / "model.safetensors"))
+        save_file({n: t.contiguous().cpu() for n, t in self._state_items()}, str(out / "model.safetensors"))
         save_tree({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / OPTIMIZER_FILE,
                   kind=_OPTIMIZER_KIND)
         (out / "backend.json").write_text(json.dumps({
@@ -336,6 +354,17 @@ class TorchBackend(TrainerBackend):
             self.optimizer.load_state_dict(state)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise BackendError(f"{file}: does not fit the optimizer ({one_line(exc)})") from None
+
+    def _state_items(self) -> Iterator[tuple[str, Tensor]]:
+        """The model's own state (adapters unmerged, under peft's names with LoRA), tied once."""
+        if self.lora is None:
+            yield from self.named_weights()
+            return
+        seen: set[int] = set()
+        for name, tensor in self.model.state_dict().items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                yield name, tensor.detach()
 
     def _is_tied(self, name: str) -> bool:
         emb = self.model.get_input_embeddings()

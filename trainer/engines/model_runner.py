@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from relax_gym.errors import RelaxGymError
 
 from relax_gym.trainer.engines.kv import BatchKV
+from relax_gym.trainer.models.architectures import check_servable
 
 
 class WeightUpdateError(RelaxGymError, ValueError):
@@ -79,6 +80,7 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
         self.config = AutoConfig.from_pretrained(self.model_path)
+        check_servable(self.config)  # Llama/SmolLM, Qwen2, Qwen3, Qwen3-VL; others refused by name
         self.is_vision = hasattr(self.config, "vision_config")
         self.text_config = self.config.get_text_config(decoder=True)
         self.vocab_size = int(self.text_config.vocab_size)

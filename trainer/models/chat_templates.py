@@ -105,4 +105,45 @@ QWEN3_VL_CHAT_TEMPLATE = r"""
 {%- endif %}
 """.strip()
 
-__all__ = ["QWEN3_VL_CHAT_TEMPLATE"]
+# ChatML with Hermes-style tools, for imported models whose own template ignores ``tools``
+# (SmolLM2's renders only role and content) or that ship none (Gemma-3 base). Tools are listed
+# in the system turn as JSON; calls are written as ``<tool_call>{json}</tool_call>``, which the
+# ``hermes`` parser reads; tool results come back in a user turn inside ``<tool_response>``.
+CHATML_TOOLS_TEMPLATE = r"""
+{%- set sys = messages[0].content if messages and messages[0].role == 'system' else '' %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if sys %}{{- sys + '\n\n' }}{%- endif %}
+    {{- 'You can call functions. Their signatures, one JSON object per line, are inside <tools></tools>:\n<tools>' }}
+    {%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+    {{- '\n</tools>\n\nTo call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> tags, for example:\n<tool_call>\n{"name": "function_name", "arguments": {"arg": "value"}}\n</tool_call><|im_end|>\n' }}
+{%- elif sys %}
+    {{- '<|im_start|>system\n' + sys + '<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'assistant' %}
+        {{- '<|im_start|>assistant\n' + (message.content or '') }}
+        {%- for call in (message.tool_calls or []) %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if (loop.first and message.content) or not loop.first %}{{- '\n' }}{%- endif %}
+            {{- '<tool_call>\n{"name": "' + fn.name + '", "arguments": ' }}
+            {%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+        {{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+""".strip()
+
+#: templates ``relax-gym models import --chat-template NAME`` knows by name
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOLS_TEMPLATE}
+
+__all__ = ["BUILTIN_TEMPLATES", "CHATML_TOOLS_TEMPLATE", "QWEN3_VL_CHAT_TEMPLATE"]

@@ -23,9 +23,9 @@ from relax_gym.trainer.models._threads import torch_threads
 from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
 from relax_gym.trainer.models.tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
-ModelKind = Literal["qwen3", "qwen3_vl"]
+ModelKind = Literal["qwen3", "qwen3_vl", "llama", "qwen2"]
 TokenizerKind = Literal["qwen3", "tiny-bpe"]
-KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl")
+KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl", "llama", "qwen2")  # llama/qwen2: the imported real families
 
 # Text-model defaults; any of them can be overridden through build_tiny_model(**overrides).
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -161,6 +161,8 @@ def _build(
         )
         config.architectures = ["Qwen3ForCausalLM"]
         model = Qwen3ForCausalLM(config)
+    elif model_kind in ("llama", "qwen2"):
+        config, model = _text_family(model_kind, text_cfg, eos, ids["<|endoftext|>"])
     else:
         from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
@@ -210,6 +212,23 @@ def _build(
         json.dumps({"kind": model_kind, "seed": seed, "tokenizer": tokenizer}, indent=2) + "\n", encoding="utf-8"
     )
     return out
+
+
+def _text_family(kind: str, text_cfg: dict[str, Any], eos: list[int], pad: int) -> tuple[Any, Any]:
+    """A tiny Llama (SmolLM2's family) or Qwen2 (Qwen2.5's) with the same sizes as the Qwen3 one."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if kind == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(
+        **text_cfg,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    config.architectures = [model_cls.__name__]
+    return config, model_cls(config)
 
 
 def folder_size_bytes(path: str | Path) -> int:

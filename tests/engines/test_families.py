@@ -1,0 +1,100 @@
+"""The imported real families (Llama / SmolLM2, Qwen2 / Qwen2.5) served by the embedded engine:
+exact logprobs against a fresh forward pass, the chat template with tools, and Hermes tool-call
+parsing; families the engine cannot serve are refused by name (engine and torch backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+from relax_gym.trainer.models import build_tiny_model
+from relax_gym.trainer.models.architectures import UnsupportedArchitecture
+from relax_gym.trainer.models.chat_templates import CHATML_TOOLS_TEMPLATE
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from relax_gym.protocol import ChatCompletionRequest, EngineClient, GenerateRequest, SamplingParams
+from tests.scripted_model import teach_completions
+
+from .conftest import ADD_TOOL, TOOL_ANSWER, TOOL_QUESTION, chat_prompt_ids, start_engine
+
+FAMILIES = [pytest.param("llama", id="llama"), pytest.param("qwen2", id="qwen2", marks=pytest.mark.slow)]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                  ) -> Iterator[tuple[str, Path, EmbeddedEngineProcess]]:
+    """A tiny model of the family, with the ChatML-tools template imported models get, taught
+    to answer TOOL_QUESTION with one ``add`` call; served on 127.0.0.1."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(kind)
+    base = build_tiny_model(kind, root / "base", tokenizer="tiny-bpe", seed=0)
+    tok = AutoTokenizer.from_pretrained(str(base))
+    tok.chat_template = CHATML_TOOLS_TEMPLATE
+    tok.save_pretrained(str(base))
+    prompt = chat_prompt_ids(tok, TOOL_QUESTION, [ADD_TOOL])
+    answer = list(tok(TOOL_ANSWER, add_special_tokens=False)["input_ids"]) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    # Llama has no q/k norms: a gentler rate, with the embeddings, memorises the longer prompt
+    model = teach_completions(base, root / "scripted", [(prompt, answer)], lr=1e-2, train_embeddings=True,
+                              max_steps=1500)
+    engine = start_engine(model)
+    yield kind, model, engine
+    engine.stop()
+
+
+async def test_family_logprobs_match_a_fresh_forward(family_engine: tuple[str, Path, EmbeddedEngineProcess]) -> None:
+    kind, model_dir, engine = family_engine
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    base = chat_prompt_ids(tok, [{"role": "user", "content": "How many red circles are there?"}])
+    prompts = [base, base[:5], base + [100, 200, 300], base[2:]]  # different lengths: left padding in a batch
+    temps = [1.0, 0.7, 1.0, 1.3]
+    async with EngineClient(engine.url) as client:
+        outs = await asyncio.gather(*(
+            client.generate(GenerateRequest(input_ids=p, return_logprob=True, sampling_params=SamplingParams(
+                max_new_tokens=20, temperature=t, ignore_eos=True, sampling_seed=i)))
+            for i, (p, t) in enumerate(zip(prompts, temps, strict=True))
+        ))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    assert model.config.model_type == kind
+    worst = 0.0
+    for p, t, out in zip(prompts, temps, outs, strict=True):
+        with torch.no_grad():
+            logits = model(torch.tensor([p + out.output_ids])).logits[0, len(p) - 1 : -1]
+        ref = torch.log_softmax(logits / t, -1).gather(1, torch.tensor(out.output_ids)[:, None]).squeeze(1)
+        worst = max(worst, float((ref - torch.tensor(out.token_logprobs())).abs().max()))
+    assert worst < 1e-4, f"{kind}: max |engine - fresh forward| = {worst:.2e}"
+
+
+async def test_family_tool_call_is_parsed(family_engine: tuple[str, Path, EmbeddedEngineProcess]) -> None:
+    _, _, engine = family_engine
+    async with EngineClient(engine.url) as client:
+        out = await client.chat_completions(ChatCompletionRequest(
+            messages=TOOL_QUESTION, tools=[ADD_TOOL], temperature=0.0, max_tokens=64))
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    calls = choice.message.tool_calls or []
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+
+
+def _mistral_folder(tmp: Path) -> Path:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, sliding_window=16)
+    MistralForCausalLM(cfg).save_pretrained(str(tmp / "mistral"))
+    return tmp / "mistral"
+
+
+def test_unsupported_family_is_refused_by_name(tmp_path: Path) -> None:
+    from relax_gym.trainer.backends.pytorch import BackendError, TorchBackend
+    from relax_gym.trainer.engines.model_runner import ModelRunner
+
+    folder = _mistral_folder(tmp_path)
+    with pytest.raises(UnsupportedArchitecture, match="'mistral'.*not supported by the embedded engine.*llama"):
+        ModelRunner(folder)
+    with pytest.raises(BackendError, match="'mistral'.*not supported by the torch backend"):
+        TorchBackend(folder)
