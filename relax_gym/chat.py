@@ -56,6 +56,21 @@ _SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"
 MEDIA_KINDS = ("image", "audio", "video")
 
 
+#: markup a tool parser or the thinking split must see even where the tokenizer marks it special
+KEPT_SPECIAL_TAGS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>"})
+
+
+def _hidden_special_ids(tokenizer: Any) -> frozenset[int] | None:
+    """Ids dropped from an env's text: the special ones minus :data:`KEPT_SPECIAL_TAGS`; None when
+    no kept tag is special (the common case: plain ``skip_special_tokens`` decoding)."""
+    special = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
+    for tok_id, added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if getattr(added, "special", False):
+            special.add(int(tok_id))
+    kept = {i for i in special if tokenizer.convert_ids_to_tokens(i) in KEPT_SPECIAL_TAGS}
+    return frozenset(special - kept) if kept else None
+
+
 class TemplateError(RelaxGymError, ValueError):
     """The chat template cannot render an observation as a delta (e.g. it rejects the role order)."""
 
@@ -145,6 +160,7 @@ class ChatCodec:
         self._pieces = _PieceEncoder.for_tokenizer(tokenizer, self._backend)
         self._special_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
+        self._hidden_ids = _hidden_special_ids(tokenizer)
         self._base_cache: dict[tuple[int, str], str] = {}
         self.closing_glue: list[int] = self._derive_closing_glue()
         self.assistant_prefix: str = self._derive_assistant_prefix()
@@ -200,6 +216,14 @@ class ChatCodec:
             return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens,
                                          clean_up_tokenization_spaces=False))
+
+    def action_text(self, ids: Sequence[int]) -> str:
+        """What the env is given: the text without special tokens, except tool-call and thinking
+        tags, which some tokenizers mark special (a Qwen2.5 GGUF's converted vocabulary marks
+        every added token control): dropping those would erase the call the model made."""
+        if self._hidden_ids is None:
+            return self.decode(ids, skip_special_tokens=True)
+        return self.decode([i for i in ids if i not in self._hidden_ids])
 
     @property
     def source(self) -> str:
@@ -472,7 +496,7 @@ class ChatContext:
         self.ids.extend(segment)
         self.ids.extend(glue)
         self.messages.append({"role": "assistant", "content": self.codec.assistant_prefix + text})
-        return Reply(glue, text, self.codec.decode(content, skip_special_tokens=True))
+        return Reply(glue, text, self.codec.action_text(content))
 
     def drops_reasoning(self, new_messages: Sequence[dict[str, Any]]) -> bool:
         """Would the template render the context plus ``new_messages`` other than verbatim (it

@@ -217,3 +217,25 @@ def test_non_canonical_think_whitespace_is_neither_dropped_reasoning_nor_a_split
         # text that differs beyond whitespace is still template drift
         other = [*b.context[:-1], {"role": "user", "content": "Now divide by 8."}]
         assert codec.check_drift(b.ids, other, TOOLS, policy="keep").kind == "template"
+
+def test_tool_call_tags_survive_when_the_tokenizer_marks_them_special(tmp_path: Any) -> None:
+    """A GGUF-converted Qwen2.5 vocabulary can mark ``<tool_call>`` special; the env's text must
+    still hold the tags (other special tokens are dropped as before)."""
+    pytest.importorskip("transformers")
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    from relax_gym.trainer.models import train_tiny_bpe
+
+    tok = AutoTokenizer.from_pretrained(str(train_tiny_bpe(tmp_path / "bpe")))
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    plain = ChatCodec(tok)
+    assert plain.action_text(plain.encode(call + "<|endoftext|>")) == call
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True, normalized=False)
+                                                          for t in ("<tool_call>", "</tool_call>")]},
+                           replace_extra_special_tokens=False)
+    codec = ChatCodec(tok)
+    ids = codec.encode(call) + [tok.convert_tokens_to_ids("<|endoftext|>")]
+    assert tok.decode(ids, skip_special_tokens=True).strip().startswith("{")  # what used to reach the env
+    chat = ChatContext(codec, [{"role": "user", "content": "1+?"}])
+    assert chat.add_reply(ids + codec.closing_glue[:1]).action_text == call
