@@ -53,6 +53,7 @@ CLI_SUBCOMMANDS_ABOVE_CORE = {
     "relax_gym.trainer.engine_cli",
     "relax_gym.trainer.train_cli",
     "relax_gym.trainer.sft_cli",
+    "relax_gym.trainer.models_cli",
     "relax_gym.leaderboards.eval_cli",
     "relax_gym.leaderboards.leaderboard_cli",
 }
