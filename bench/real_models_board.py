@@ -116,6 +116,7 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the engine")
+    parser.add_argument("--port", type=int, default=31721, help="engine port (fixed, so runs can be resumed)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per model request (a busy box queues long)")
     parser.add_argument("--out", default="runs/real-board")
     parser.add_argument("--docs", default="docs", help="where leaderboard.md / .html go")
@@ -130,7 +131,9 @@ def main() -> int:
 
         if (out / label / "summary.json").is_file():
             continue
-        engine = EmbeddedEngineProcess(folder, threads=args.threads, log_file=out / f"{label}-engine.log",
+        # a fixed port: the agent spec (with the URL) is part of the run's config hash, so only
+        # the same URL lets --resume continue a run after the engine restarts
+        engine = EmbeddedEngineProcess(folder, port=args.port, threads=args.threads, log_file=out / f"{label}-engine.log",
                                        startup_timeout_s=900)
         engine.start()
         try:

@@ -22,7 +22,9 @@ from tests.scripted_model import teach_completions
 
 from .conftest import ADD_TOOL, TOOL_ANSWER, TOOL_QUESTION, chat_prompt_ids, start_engine
 
-FAMILIES = [pytest.param("llama", id="llama"), pytest.param("qwen2", id="qwen2", marks=pytest.mark.slow)]
+# A served engine per family (teaching a tool call + start-up: about a minute each under load) is
+# the slow step's; the default suite checks the same batched prefill/decode path in-process below.
+FAMILIES = [pytest.param(k, id=k, marks=pytest.mark.slow) for k in ("llama", "qwen2")]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -78,6 +80,34 @@ async def test_family_tool_call_is_parsed(family_engine: tuple[str, Path, Embedd
     assert choice.finish_reason == "tool_calls"
     calls = choice.message.tool_calls or []
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_family_batched_prefill_and_decode_match_a_fresh_forward(kind: str, tmp_path: Path) -> None:
+    """The engine's model runner on the family: a left-padded batch of prompts of different
+    lengths, prefilled together, then decoded greedily a few steps through the shared KV cache."""
+    from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput
+
+    folder = build_tiny_model(kind, tmp_path / kind, tokenizer="tiny-bpe", seed=1)
+    runner = ModelRunner(folder)
+    prompts = [[5, 17, 42, 99, 7, 250, 31], [8, 300, 12]]
+    out = runner.prefill([SeqInput(input_ids=p) for p in prompts])
+    seqs = [list(p) for p in prompts]
+    got: list[list[torch.Tensor]] = [[], []]
+    logits, positions = out.last_logits, list(out.next_positions)
+    for _ in range(4):
+        tokens = logits.argmax(-1).tolist()
+        for i, t in enumerate(tokens):
+            got[i].append(torch.log_softmax(logits[i], -1)[t])
+            seqs[i].append(t)
+        logits = runner.decode(out.kv, tokens, positions, out.rope_deltas)
+        positions = [p + 1 for p in positions]
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    for p, seq, lps in zip(prompts, seqs, got, strict=True):
+        with torch.no_grad():
+            ref = torch.log_softmax(model(torch.tensor([seq])).logits[0, len(p) - 1 : -1], -1)
+        want = ref.gather(1, torch.tensor(seq[len(p):])[:, None]).squeeze(1)
+        assert float((want - torch.stack(lps)).abs().max()) < 1e-4
 
 
 def _mistral_folder(tmp: Path) -> Path:

@@ -29,7 +29,7 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model("llama", tmp_path_factory.mktemp("lora-llama"), seed=0, tokenizer="tiny-bpe")
 
 
-@pytest.mark.parametrize("rank", [1, 8])
+@pytest.mark.parametrize("rank", [8, pytest.param(1, marks=pytest.mark.slow)])
 def test_lora_loss_equals_full_finetuning_at_step_0(tiny_llama: Path, rank: int) -> None:
     batch = text_batch(6)
     objective = PolicyObjective(AlgorithmConfig())
@@ -52,6 +52,7 @@ def test_lora_loss_equals_full_finetuning_at_step_0(tiny_llama: Path, rank: int)
     assert trainable < sum(p.numel() for p in full.model.parameters() if p.requires_grad) / 4
 
 
+@pytest.mark.slow  # about 15 s under load: two train steps, an engine runner, a saved folder, a reload
 def test_merged_weights_reach_the_engine_and_the_saved_folder(tiny_llama: Path, tmp_path: Path) -> None:
     be = TorchBackend(tiny_llama, micro_batch_size=8, optimizer=OptimizerSettings(lr=5e-2),
                       lora=LoraSettings(rank=4, save_adapter=True))
