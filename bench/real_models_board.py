@@ -48,6 +48,28 @@ def _eval(agent: str, out: Path, args: argparse.Namespace, *extra: str) -> None:
     print(f"[board] {out.name}: exit {proc.returncode} in {time.perf_counter() - start:.0f} s", flush=True)
 
 
+def _reply_forms(transcript: dict[str, Any], modes: Counter[str]) -> int:
+    """Count the form of each model reply: a ``<tool_call>`` tag, ``\\boxed{N}`` copied literally
+    from the prompt, another ``\\boxed{...}``, or no box at all."""
+    tags = 0
+    for msg in transcript.get("messages") or []:
+        if msg.get("role") != "assistant":
+            continue
+        content = msg.get("content")
+        text = "".join(p.get("text", "") for p in content if isinstance(p, dict)) if isinstance(content, list) \
+            else str(content or "")
+        modes["replies"] += 1
+        modes["replies_with_tool_call_tag"] += "<tool_call>" in text
+        tags += "<tool_call>" in text
+        if "\\boxed{N}" in text:
+            modes["replies_boxed_N_literally"] += 1
+        elif "\\boxed{" in text:
+            modes["replies_boxed_other"] += 1
+        else:
+            modes["replies_without_box"] += 1
+    return tags
+
+
 def failure_modes(run: Path) -> dict[str, Any]:
     """Counts over a run's episodes of what went wrong, from episodes.jsonl and the transcripts."""
     rows = [json.loads(line) for line in (run / "episodes.jsonl").read_text().splitlines() if line.strip()]
@@ -60,11 +82,12 @@ def failure_modes(run: Path) -> dict[str, Any]:
         modes["parse_errors"] += int(row.get("parse_errors") or 0)
         modes["invalid_actions"] += int(row.get("invalid_actions") or 0)
         modes["errors"] += bool(row.get("error"))
-        if tool_env:
-            modes["tool_episodes"] += 1
-            if not row.get("tool_calls"):
-                modes["tool_env_no_tool_call"] += 1
         transcript = run / str(row.get("transcript") or "")
+        tags = _reply_forms(json.loads(transcript.read_text()), modes) if transcript.is_file() else 0
+        if tool_env:  # calls are written as <tool_call> text and parsed by the env (or the agent)
+            modes["tool_episodes"] += 1
+            if not row.get("tool_calls") and not tags:
+                modes["tool_env_no_tool_call"] += 1
         if transcript.is_file() and tool_env:
             data = json.loads(transcript.read_text())
             offered = {t.get("name") or t.get("function", {}).get("name") for t in data.get("tools") or []}
@@ -93,8 +116,8 @@ def _annotate(page: Path, args: argparse.Namespace, modes: dict[str, Any]) -> No
         "## Failure modes",
         "",
         "| run | episodes | success | errored | invalid actions | parse errors | tool envs without a tool call |"
-        " wrong tool names | tools called |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " wrong tool names | tools called | replies: no box / `\\boxed{N}` literally / other box / `<tool_call>` |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in modes.items():
         c = m["counts"]
@@ -102,9 +125,12 @@ def _annotate(page: Path, args: argparse.Namespace, modes: dict[str, Any]) -> No
         head.append(f"| {name} | {c.get('episodes', 0)} | {c.get('success', 0)} | {c.get('errors', 0)} | "
                     f"{c.get('invalid_actions', 0)} | {c.get('parse_errors', 0)} | "
                     f"{c.get('tool_env_no_tool_call', 0)} / {c.get('tool_episodes', 0)} | "
-                    f"{c.get('wrong_tool_name', 0)} | {tools} |")
-    head += ["", "The oracle and random agents answer directly and never call tools, so their tool column "
-             "says nothing about tool use.", ""]
+                    f"{c.get('wrong_tool_name', 0)} | {tools} | {c.get('replies_without_box', 0)} / "
+                    f"{c.get('replies_boxed_N_literally', 0)} / {c.get('replies_boxed_other', 0)} / "
+                    f"{c.get('replies_with_tool_call_tag', 0)} of {c.get('replies', 0)} |")
+    head += ["", "Tool calls are counted from the `<tool_call>` blocks in the replies (the oracle and the "
+             "random agent write their calls that way too). Wrong tool names come from the "
+             "structured calls the agent parsed.", ""]
     page.write_text("\n".join(head) + "\n" + page.read_text())
 
 
