@@ -54,6 +54,11 @@ def check_model_modalities(config: Any, envs: list[tuple[str, str, dict[str, Any
             shown = relax_gym.spec(env_id).resolved_modalities()
         except Exception:  # noqa: BLE001 - an unknown id is check_envs' error
             continue
+        if "video" in shown and getattr(config, "backend", "torch") == "megatron":
+            raise ConfigError(
+                f"{where}: env {env_id} shows video, but the megatron backend's Qwen3-VL takes images only "
+                "(no video patch merge or video M-RoPE in the bridge yet; docs/megatron.md); use backend: torch"
+            )
         missing = [m for m in CHECKED if m in shown and m not in takes]
         if missing:
             raise ConfigError(
