@@ -821,9 +821,11 @@ def check_envs(config: TrainConfig) -> None:
             _build_env(where, env_id, kwargs)
             built.add(key)
     _check_per_env_rewards(config, sorted({env_id for _, env_id, _ in envs}))
-    from relax_gym.trainer.modality_check import check_model_modalities
+    from relax_gym.trainer.modality_check import modality_problem
 
-    check_model_modalities(config, envs)
+    problem = modality_problem(config, envs)
+    if problem:
+        raise ConfigError(problem)
 
 
 def is_dataset_env(env_id: str) -> bool:

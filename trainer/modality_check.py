@@ -39,15 +39,15 @@ def model_inputs(kind: str) -> frozenset[str]:
     return MODEL_INPUTS.get(kind, frozenset({"text"}))
 
 
-def check_model_modalities(config: Any, envs: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """Raise ConfigError naming the first ``(field, env)`` whose audio/video the model cannot
-    take. ``envs`` are ``(config field, env id, kwargs)`` as :func:`check_envs` lists them."""
+def modality_problem(config: Any, envs: list[tuple[str, str, dict[str, Any]]]) -> str | None:
+    """What is wrong with the first ``(field, env)`` whose audio/video the model (or the
+    backend) cannot take, else None; ``check_envs`` raises it as a ConfigError. ``envs`` are
+    ``(config field, env id, kwargs)`` as ``check_envs`` lists them."""
     import relax_gym
-    from relax_gym.trainer.config import ConfigError
 
     kind, name = model_type(config)
     if not kind:
-        return  # an unreadable folder fails later, with its own message
+        return None  # an unreadable folder fails later, with its own message
     takes = model_inputs(kind)
     for where, env_id, _kwargs in envs:
         try:
@@ -55,17 +55,18 @@ def check_model_modalities(config: Any, envs: list[tuple[str, str, dict[str, Any
         except Exception:  # noqa: BLE001 - an unknown id is check_envs' error
             continue
         if "video" in shown and getattr(config, "backend", "torch") == "megatron":
-            raise ConfigError(
+            return (
                 f"{where}: env {env_id} shows video, but the megatron backend's Qwen3-VL takes images only "
                 "(no video patch merge or video M-RoPE in the bridge yet; docs/megatron.md); use backend: torch"
             )
         missing = [m for m in CHECKED if m in shown and m not in takes]
         if missing:
-            raise ConfigError(
+            return (
                 f"{where}: env {env_id} shows {' and '.join(missing)}, but the model {name} "
                 f"(model_type {kind}) takes only {', '.join(sorted(takes))}; choose a model that takes "
                 f"{' and '.join(missing)} (video: qwen3_vl) or drop the env"
             )
+    return None
 
 
-__all__ = ["CHECKED", "MODEL_INPUTS", "check_model_modalities", "model_inputs", "model_type"]
+__all__ = ["CHECKED", "MODEL_INPUTS", "modality_problem", "model_inputs", "model_type"]

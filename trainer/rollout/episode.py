@@ -578,7 +578,8 @@ class EpisodeRunner:
             video_token_id=self.codec.vision.video.video_token_id
             if self.codec.vision is not None and self.codec.vision.video is not None else None,
             drift=drift,
-            metadata=dict(self.spec.metadata),
+            metadata={**self.spec.metadata, **({"video_reduced": list(chat.video_reduced)}
+                                               if chat is not None and chat.video_reduced else {})},
         )
 
 
