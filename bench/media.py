@@ -1,7 +1,6 @@
 """Measure video preprocessing: codec and engine tokens per second, and its share of an RL step.
 
-For clips of a video env (default: relax/MotionTrack-v0 easy, as ``examples/video_cpu.yaml``
-samples them), on a tiny Qwen3-VL built from config, it times each stage a clip goes through:
+For clips of a video env (default: the ``examples/video_cpu.yaml`` env and sampling), on a tiny Qwen3-VL built from config, it times each stage a clip goes through:
 
 * **codec** -- ``ChatCodec.prompt`` on the env's first observation: frame sampling and resize,
   placeholder expansion, and the lossless ``video_data`` payload (the rollout's side);
@@ -16,6 +15,7 @@ of a step spent on media preprocessing (codec + engine prepare + trainer patches
 samples per step).
 
     python bench/media.py --rounds 5 --run runs/video_cpu
+    python bench/media.py --env relax/MotionTrack-v0 --max-pixels 9216   # a shipped env
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ from typing import Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--env", default="relax/MotionTrack-v0")
+    parser.add_argument("--env", default="example/ColourOrder-v0")
+    parser.add_argument("--entry-point", default="examples/colour_order_env.py:ColourOrderEnv",
+                        help="registers --env first when it is not registered")
     parser.add_argument("--difficulty", default="easy")
     parser.add_argument("--fps", type=float, default=2.0)
     parser.add_argument("--max-frames", type=int, default=4)
     parser.add_argument("--max-pixels", type=int, default=64 * 64)
-    parser.add_argument("--clips", type=int, default=16, help="clips per round")
+    parser.add_argument("--clips", type=int, default=16, help="distinct clips per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--group", type=int, default=4, help="samples per clip (GRPO group size)")
     parser.add_argument("--run", default=None, help="a finished run of the example: report the share of its step")
     parser.add_argument("--samples-per-step", type=int, default=64)
     args = parser.parse_args()
@@ -63,14 +66,24 @@ def main() -> None:
     assert codec.vision is not None and codec.vision.video is not None
     vid = codec.vision.video.video_token_id
     processor = VideoProcessor.from_image_processor(codec.vision.image_processor)
+    if args.env not in relax_gym.registry and args.entry_point:
+        from relax_gym.trainer.config import load_entry_point
+
+        relax_gym.register(args.env, entry_point=load_entry_point(args.entry_point))
     env = relax_gym.make(args.env, difficulty=args.difficulty)
-    observations = [env.format_observation(env.reset(seed=s)[0], "hf") for s in range(args.clips)]
+
+    def observations(round_: int) -> list[Any]:
+        """Fresh clips every round, each ``--group`` times in a row, as a GRPO step sends them
+        (so the content caches hit as often as in a run, and never across rounds)."""
+        seeds = range(round_ * args.clips, (round_ + 1) * args.clips)
+        return [env.format_observation(env.reset(seed=s)[0], "hf") for s in seeds for _ in range(args.group)]
 
     times: dict[str, list[float]] = {k: [] for k in ("codec", "engine_prepare", "engine_prefill", "trainer_patches")}
     tokens: list[int] = []
-    for _ in range(args.rounds):
+    for round_ in range(args.rounds):
+        batch = observations(round_)
         t0 = time.perf_counter()
-        contexts = [codec.prompt(msgs) for msgs in observations]
+        contexts = [codec.prompt(msgs) for msgs in batch]
         payloads = [[video_payload(v.frames, v.fps) for v in r.videos] for r in contexts]
         times["codec"].append(time.perf_counter() - t0)
         tokens = [sum(e - s for s, e in r.video_spans) for r in contexts]
@@ -90,15 +103,15 @@ def main() -> None:
             processor([v.frames for v in r.videos])
         times["trainer_patches"].append(time.perf_counter() - t0)
 
-    n = args.clips
+    n = args.clips * args.group
     video_tokens = sum(tokens)
     per_clip = {k: statistics.median(v) / n for k, v in times.items()}
     out: dict[str, Any] = {
         "env": f"{args.env} ({args.difficulty})", "sampling": {k: getattr(sampling, k) for k in ("fps", "max_frames", "max_pixels")},
-        "video_tokens_per_clip": video_tokens / n, "rounds": args.rounds, "clips": n,
+        "placeholder_tokens_per_sample": video_tokens / n, "rounds": args.rounds, "samples": n,
         "load_average": os.getloadavg(),
-        "ms_per_clip": {k: round(v * 1000, 2) for k, v in per_clip.items()},
-        "video_tokens_per_s": {k: round(video_tokens / statistics.median(v), 1) for k, v in times.items()},
+        "ms_per_sample": {k: round(v * 1000, 2) for k, v in per_clip.items()},
+        "placeholder_tokens_per_s": {k: round(video_tokens / statistics.median(v), 1) for k, v in times.items()},
     }
     media_s = (per_clip["codec"] + per_clip["engine_prepare"] + per_clip["trainer_patches"]) * args.samples_per_step
     out["media_s_per_step"] = round(media_s, 3)

@@ -23,9 +23,12 @@ engine and trainer logprobs can agree exactly. Only numpy and PIL at import time
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -343,11 +346,31 @@ def encode_lossless(frames: np.ndarray, fps: float) -> bytes:
     return buf.getvalue()
 
 
+_PAYLOADS: OrderedDict[bytes, str] = OrderedDict()
+_PAYLOADS_MAX = 64  # clips; a group's samples share one clip, so most calls hit
+_PAYLOADS_LOCK = threading.Lock()
+
+
 def video_payload(frames: np.ndarray, fps: float) -> str:
-    """A ``video_data`` entry (mp4 data URL) that decodes to exactly ``frames``."""
+    """A ``video_data`` entry (mp4 data URL) that decodes to exactly ``frames``; memoised by
+    content (the samples of a GRPO group, and every turn of an episode, send the same clip)."""
     from relax_gym.media import to_data_url
 
-    return to_data_url(encode_lossless(frames, fps), "mp4")
+    arr = np.ascontiguousarray(frames, dtype=np.uint8)
+    digest = hashlib.blake2b(repr((arr.shape, float(fps))).encode(), digest_size=20)
+    digest.update(memoryview(arr).cast("B"))
+    key = digest.digest()
+    with _PAYLOADS_LOCK:
+        hit = _PAYLOADS.get(key)
+        if hit is not None:
+            _PAYLOADS.move_to_end(key)
+            return hit
+    url = to_data_url(encode_lossless(arr, fps), "mp4")
+    with _PAYLOADS_LOCK:
+        _PAYLOADS[key] = url
+        while len(_PAYLOADS) > _PAYLOADS_MAX:
+            _PAYLOADS.popitem(last=False)
+    return url
 
 
 __all__ = [

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_video_example_runs_shortened(tmp_path: Path) -> None:
+def test_video_example_runs_shortened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # the example's env entry point is a path from the repository root
     config = load_config(ROOT / "examples" / "video_cpu.yaml", [
         f"output_dir={tmp_path / 'run'}", "logging.progress=none", "logging.tensorboard=false",
         "warmup.steps=4", "warmup.eval_every=2", "train.steps=3", "eval.every=3", "eval.episodes=8",
@@ -31,6 +32,6 @@ def test_video_example_runs_shortened(tmp_path: Path) -> None:
     assert len(train_steps) == 3 and evals
     for r in train_steps:
         assert r["train/rollout_gap_max"] < 1e-4  # engine and trainer saw the same video pixels
-        assert r["rollout/video_reduced/fps"] > 0  # the 8 fps clips were sampled to 2 fps
-        assert r["rollout/videos"] > 0 and r["rollout/video_tokens_mean"] >= 2 * 9  # 2 x 3x3 merged tokens
+        assert r["rollout/video_reduced/fps"] > 0  # the 4 fps clips were sampled to 2 fps
+        assert r["rollout/videos"] > 0 and r["rollout/video_tokens_mean"] == 2 * 4  # 2 x 2x2 merged tokens
     assert all(0.0 <= r["success"] <= 1.0 for r in evals)

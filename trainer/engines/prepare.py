@@ -17,8 +17,11 @@ from their headers (:class:`relax_gym.media.MediaLimits`), and finally prompt to
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,11 +212,27 @@ def decode_videos(items: list[Any], limits: InputLimits) -> list[tuple[Any, floa
         if _URL.match(item):
             raise BadRequest(f"video_data[{k}]: URLs are not fetched by the embedded engine; send base64 or a data URL")
         source = item if item.startswith("data:") else "data:application/octet-stream;base64," + item
-        try:
-            out.append(load_video(source, limits=media_limits))
-        except MediaError as exc:
-            raise BadRequest(f"video_data[{k}]: {exc.cause}") from None
+        key = hashlib.blake2b(source.encode(), digest_size=20).digest()
+        with _DECODED_LOCK:
+            hit = _DECODED.get(key)
+        if hit is None:
+            try:
+                hit = load_video(source, limits=media_limits)
+            except MediaError as exc:
+                raise BadRequest(f"video_data[{k}]: {exc.cause}") from None
+            with _DECODED_LOCK:
+                _DECODED[key] = hit
+                while len(_DECODED) > _DECODED_MAX:
+                    _DECODED.popitem(last=False)
+        out.append(hit)
     return out
+
+
+# Decoded clips by payload hash: a GRPO group's samples send the same clip (bounded: 16 clips of
+# at most max_video_frames x max_video_pixels each; the frames are never written to).
+_DECODED: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
+_DECODED_MAX = 16
+_DECODED_LOCK = threading.Lock()
 
 
 def check_image_count(n: int, limits: InputLimits) -> None:
