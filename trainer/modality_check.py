@@ -49,11 +49,8 @@ def modality_problem(config: Any, envs: list[tuple[str, str, dict[str, Any]]]) -
     if not kind:
         return None  # an unreadable folder fails later, with its own message
     takes = model_inputs(kind)
-    for where, env_id, _kwargs in envs:
-        try:
-            shown = relax_gym.spec(env_id).resolved_modalities()
-        except Exception:  # noqa: BLE001 - an unknown id is check_envs' error
-            continue
+    for where, env_id, kwargs in envs:
+        shown = _shown(relax_gym, env_id, kwargs)
         if "video" in shown and getattr(config, "backend", "torch") == "megatron":
             return (
                 f"{where}: env {env_id} shows video, but the megatron backend's Qwen3-VL takes images only "
@@ -67,6 +64,27 @@ def modality_problem(config: Any, envs: list[tuple[str, str, dict[str, Any]]]) -
                 f"{' and '.join(missing)} (video: qwen3_vl) or drop the env"
             )
     return None
+
+
+def _shown(relax_gym: Any, env_id: str, kwargs: dict[str, Any]) -> tuple[str, ...]:
+    """The modalities ``env_id`` shows with these kwargs: the registry's declaration, narrowed by
+    the built env's own ``modalities`` when it sets one (a dataset env declares every modality
+    and knows its columns only once built). Built only when audio or video is declared."""
+    try:
+        declared = tuple(relax_gym.spec(env_id).resolved_modalities())
+    except Exception:  # noqa: BLE001 - an unknown id is check_envs' error
+        return ()
+    if not any(m in declared for m in CHECKED):
+        return declared
+    try:
+        env = relax_gym.make(env_id, **kwargs)
+    except Exception:  # noqa: BLE001 - check_envs reports a bad kwarg; a dataset env whose prompt
+        return ()  # filter needs the run's tokenizer cannot be built yet: what it shows is unknown
+    try:
+        own = vars(env.unwrapped).get("modalities")
+        return tuple(own) if own else declared
+    finally:
+        env.close()
 
 
 __all__ = ["CHECKED", "MODEL_INPUTS", "modality_problem", "model_inputs", "model_type"]
