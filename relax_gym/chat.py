@@ -48,7 +48,8 @@ from typing import Any, Literal
 
 from relax_gym.errors import RelaxGymError
 from relax_gym.media import image_to_data_url
-from relax_gym.types import ImagePart
+from relax_gym.types import ImagePart, VideoPart
+from relax_gym.video import VideoSupport, collapse_video_text, expand_video_tokens, video_payload
 from relax_gym.vision import VisionInputError, collapse_image_tokens, expand_image_tokens, image_token_count
 
 ThinkPolicy = Literal["keep", "split"]
@@ -119,6 +120,7 @@ class VisionSupport:
     # placeholder/marker ids the model must never emit itself (a sampled <|image_pad|> would
     # claim image features that do not exist): generation stops at them and they are cut off
     reserved_ids: frozenset[int] = frozenset()
+    video: VideoSupport | None = None  # Qwen3-VL: video sampling, patches and placeholder tokens
 
     def grids(self, images: Sequence[Any]) -> list[list[int]]:
         """The ``(t, h, w)`` patch grid of each image, from the model's own processor."""
@@ -136,6 +138,10 @@ class Rendered:
     text: str
     images: list[Any] = field(default_factory=list)
     grids: list[list[int]] = field(default_factory=list)
+    videos: list[VideoPart] = field(default_factory=list)  # sampled frames, as the model sees them
+    video_grids: list[list[int]] = field(default_factory=list)
+    video_spans: list[tuple[int, int]] = field(default_factory=list)  # each video's tokens in ``ids``
+    video_reduced: list[str] = field(default_factory=list)  # what sampling reduced ("fps", "frames", ...)
 
 
 class ChatCodec:
@@ -166,7 +172,8 @@ class ChatCodec:
         self.assistant_prefix: str = self._derive_assistant_prefix()
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, template_kwargs: dict[str, Any] | None = None) -> ChatCodec:
+    def from_pretrained(cls, path: str | Path, *, template_kwargs: dict[str, Any] | None = None,
+                        video: Any | None = None) -> ChatCodec:
         """Load the tokenizer (and for a Qwen-VL folder, its image processor) saved beside a model."""
         from transformers import AutoConfig, AutoTokenizer
 
@@ -179,7 +186,9 @@ class ChatCodec:
             tokens = VisionTokens.from_config(AutoConfig.from_pretrained(str(folder)))
             reserved = frozenset({tokens.image_token_id, tokens.video_token_id, tokens.vision_start_token_id,
                                   tokens.vision_end_token_id})
-            vision = VisionSupport(load_image_processor(folder), tokens.image_token_id, tokens.merge_size, reserved)
+            image_processor = load_image_processor(folder)
+            vision = VisionSupport(image_processor, tokens.image_token_id, tokens.merge_size, reserved,
+                                   video=_video_support(folder, image_processor, tokens.video_token_id, video))
         return cls(tokenizer, template_kwargs=template_kwargs, vision=vision)
 
     # -- primitives -------------------------------------------------------------------------------
@@ -233,7 +242,10 @@ class ChatCodec:
     # -- messages -----------------------------------------------------------------------------------
     def takes(self, kind: str) -> bool:
         """Can a ``kind`` content part become tokens? Text always; an image with an image processor
-        (its placeholder is expanded to the image's patch count); audio and video never here."""
+        (its placeholder is expanded to the image's patch count); a video with Qwen3-VL's video
+        support (:mod:`relax_gym.video`); audio never here."""
+        if kind == "video":
+            return self.vision is not None and self.vision.video is not None
         return kind == "text" or (kind == "image" and self.vision is not None)
 
     @property
@@ -283,7 +295,18 @@ class ChatCodec:
                 images.extend(p["image"] for p in content if isinstance(p, dict) and p.get("type") == "image")
         return images
 
-    def _tokenize_rendered(self, text: str, images: list[Any]) -> Rendered:
+    @staticmethod
+    def videos_of(messages: Sequence[dict[str, Any]]) -> list[tuple[Any, float]]:
+        """``(frames, fps)`` of the video parts of ``messages`` in the order they render."""
+        clips: list[tuple[Any, float]] = []
+        for msg in messages:
+            content = msg.get("content")
+            if isinstance(content, list):
+                clips.extend((p["video"], float(p.get("fps") or 1.0)) for p in content
+                             if isinstance(p, dict) and p.get("type") == "video")
+        return clips
+
+    def _tokenize_rendered(self, text: str, images: list[Any], videos: list[tuple[Any, float]] | None = None) -> Rendered:
         ids = self.encode(text)
         grids: list[list[int]] = []
         if images:
@@ -295,14 +318,30 @@ class ChatCodec:
                 ids = expand_image_tokens(ids, counts, self.vision.image_token_id)
             except VisionInputError as exc:
                 raise TemplateError(str(exc)) from None
-        return Rendered(ids, text, list(images), grids)
+        rendered = Rendered(ids, text, list(images), grids)
+        if videos:
+            self._add_videos(rendered, videos)
+        return rendered
+
+    def _add_videos(self, rendered: Rendered, videos: list[tuple[Any, float]]) -> None:
+        """Sample the clips and expand their placeholders (a MediaError for a bad or over-budget
+        clip propagates: the episode ends with an error observation, counted)."""
+        support = self.vision.video if self.vision is not None else None
+        if support is None:
+            raise TemplateError("videos given to a model without video support")
+        prepared = support.prepare(videos, self.encode)
+        rendered.ids, rendered.video_spans = expand_video_tokens(rendered.ids, prepared.expansions,
+                                                                 support.video_token_id)
+        rendered.videos = [VideoPart(c.frames, c.fps) for c in prepared.clips]
+        rendered.video_grids = prepared.grids
+        rendered.video_reduced = [r for c in prepared.clips for r in c.reduced]
 
     # -- the four rules -------------------------------------------------------------------------------
     def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> Rendered:
         """The initial context: ``messages`` rendered with the generation prompt, image pads
         expanded to each image's patch count."""
         text = self.render(messages, tools=tools, add_generation_prompt=True)
-        return self._tokenize_rendered(text, self.images_of(messages))
+        return self._tokenize_rendered(text, self.images_of(messages), self.videos_of(messages))
 
     def _derive_closing_glue(self) -> list[int]:
         msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
@@ -358,7 +397,8 @@ class ChatCodec:
                 errors.append(str(exc))
                 continue
             if full.startswith(base_text):
-                return self._tokenize_rendered(full[len(base_text):], self.images_of(new_messages))
+                return self._tokenize_rendered(full[len(base_text):], self.images_of(new_messages),
+                                               self.videos_of(new_messages))
             errors.append(f"base {idx}: prefix property does not hold")
         raise TemplateError("cannot render the observation as a delta: " + "; ".join(errors))
 
@@ -396,6 +436,8 @@ class ChatCodec:
         equal text means equal tokens there.
         """
         ours = self.decode(self._collapse_images(context_ids))
+        if self.vision is not None and self.vision.video is not None:
+            ours = collapse_video_text(ours)
         try:
             plain = self.expected_context(messages, tools, keep_reasoning=False)
             if ours == plain:
@@ -461,6 +503,11 @@ class ChatContext:
         self.images: list[ImagePart] = []
         self.grids: list[list[int]] = []
         self.payloads: list[str] = []
+        self.videos: list[VideoPart] = []  # sampled frames; ``video_payloads`` decode to exactly these
+        self.video_grids: list[list[int]] = []
+        self.video_payloads: list[str] = []
+        self.video_spans: list[tuple[int, int]] = []  # each video's expanded tokens in ``ids``
+        self.video_reduced: list[str] = []
         self._generation_prompt_at = (0, 0)  # (len(ids), len(messages)) at the last generation prompt
         self.extend(codec.prompt(first, self.tools), first)
         self.prompt_length = len(self.ids)
@@ -468,6 +515,7 @@ class ChatContext:
     def extend(self, rendered: Rendered, messages: Sequence[dict[str, Any]]) -> None:
         """Append a prompt or an observation delta (it ends at a generation prompt) and the
         messages it encodes."""
+        offset = len(self.ids)
         self.ids.extend(rendered.ids)
         self.messages.extend(messages)
         for image, grid in zip(rendered.images, rendered.grids, strict=True):
@@ -475,6 +523,12 @@ class ChatContext:
             self.images.append(ImagePart(rgb))
             self.grids.append(grid)
             self.payloads.append(image_to_data_url(rgb))
+        for clip, vgrid, (start, end) in zip(rendered.videos, rendered.video_grids, rendered.video_spans, strict=True):
+            self.videos.append(clip)
+            self.video_grids.append(vgrid)
+            self.video_payloads.append(video_payload(clip.frames, clip.fps))
+            self.video_spans.append((offset + start, offset + end))
+        self.video_reduced.extend(rendered.video_reduced)
         self._generation_prompt_at = (len(self.ids), len(self.messages))
 
     def observation(self, messages: Sequence[dict[str, Any]]) -> Rendered:
@@ -619,6 +673,21 @@ def _fast_backend(tokenizer: Any) -> Any | None:
     except Exception:  # noqa: BLE001
         return None
     return backend if same else None
+
+
+def _video_support(folder: Path, image_processor: Any, video_token_id: int, sampling: Any | None) -> VideoSupport | None:
+    """Video support for a Qwen3-VL folder (its timestamped placeholders are what
+    :mod:`relax_gym.video` builds); None for other Qwen-VL families."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return None
+    if model_type != "qwen3_vl":
+        return None
+    from relax_gym.video import VideoProcessor, VideoSampling
+
+    return VideoSupport(VideoProcessor.from_image_processor(image_processor), sampling or VideoSampling(),
+                        int(video_token_id))
 
 
 def _placeholder(part: dict[str, Any]) -> str:

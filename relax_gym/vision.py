@@ -64,10 +64,16 @@ class VisionInputs:
     mm_token_type_ids: list[int]
     pixel_values: Any | None = None  # torch.Tensor [num_patches, patch_dim]
     image_grid_thw: Any | None = None  # torch.LongTensor [num_images, 3]
+    pixel_values_videos: Any | None = None  # torch.Tensor [num_video_patches, patch_dim]
+    video_grid_thw: Any | None = None  # torch.LongTensor [num_videos, 3]
 
     @property
     def num_images(self) -> int:
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_videos(self) -> int:
+        return 0 if self.video_grid_thw is None else int(self.video_grid_thw.shape[0])
 
 
 def build_image_processor(
@@ -157,13 +163,16 @@ def expand_image_tokens(input_ids: list[int], counts: list[int], image_token_id:
 
 
 def prepare_vision_inputs(
-    input_ids: list[int], images: list[Image.Image], image_processor: Any, tokens: VisionTokens
+    input_ids: list[int], images: list[Image.Image], image_processor: Any, tokens: VisionTokens,
+    *, videos: Sequence[tuple[Any, float]] = (), video: Any | None = None, encode: Any | None = None,
 ) -> VisionInputs:
-    """Pixel values, grids, expanded ids and ``mm_token_type_ids`` for a prompt and its images.
+    """Pixel values, grids, expanded ids and ``mm_token_type_ids`` for a prompt and its images
+    (and, with ``video`` -- a :class:`relax_gym.video.VideoSupport` -- and ``encode``, its
+    ``(frames, fps)`` videos, taken as sent: no frame sampling, resized only when off-grid).
 
-    Images are given in the order of their placeholders in the prompt.
+    Media are given in the order of their placeholders in the prompt.
     """
-    if tokens.video_token_id in input_ids:
+    if video is None and (videos or tokens.video_token_id in input_ids):
         raise VisionInputError(f"the prompt holds {VIDEO_TOKEN}: video input is not supported here")
     pixel_values = grid = None
     counts: list[int] = []
@@ -172,8 +181,22 @@ def prepare_vision_inputs(
         pixel_values, grid = out["pixel_values"], out["image_grid_thw"]
         counts = [image_token_count(g, tokens.merge_size) for g in grid.tolist()]
     ids = expand_image_tokens(list(input_ids), counts, tokens.image_token_id)
-    types = [1 if t == tokens.image_token_id else 0 for t in ids]
-    return VisionInputs(input_ids=ids, mm_token_type_ids=types, pixel_values=pixel_values, image_grid_thw=grid)
+    pixel_videos = video_grid = None
+    if video is not None and (videos or tokens.video_token_id in ids):
+        from relax_gym.errors import MediaError
+        from relax_gym.video import expand_video_tokens
+
+        try:
+            prepared = video.prepare(list(videos), encode, sample=False)
+            ids, _ = expand_video_tokens(ids, prepared.expansions, tokens.video_token_id)
+        except MediaError as exc:
+            raise VisionInputError(exc.cause) from None
+        if prepared.clips:
+            out = video.processor([c.frames for c in prepared.clips])
+            pixel_videos, video_grid = out["pixel_values_videos"], out["video_grid_thw"]
+    types = [1 if t == tokens.image_token_id else 2 if t == tokens.video_token_id else 0 for t in ids]
+    return VisionInputs(input_ids=ids, mm_token_type_ids=types, pixel_values=pixel_values, image_grid_thw=grid,
+                        pixel_values_videos=pixel_videos, video_grid_thw=video_grid)
 
 
 def collapse_image_tokens(ids: Sequence[int], image_token_id: int | None) -> list[int]:

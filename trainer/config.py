@@ -89,6 +89,24 @@ class TinyModelSpec(_Section):
     image_max_pixels: int = Field(256 * 256, ge=1, description="image processor's maximum pixels (resize bound)")
 
 
+class VideoConfig(_Section):
+    """Frame sampling for video observations (``relax_gym.video.VideoSampling``); the defaults
+    fit a CPU. Every stage sees the sampled frames: the engine, the trainer, the logs."""
+
+    fps: float = Field(2.0, gt=0, description="most frames kept per second of source video")
+    max_frames: int = Field(8, ge=1, le=512, description="most frames kept per clip (evenly spread)")
+    min_pixels: int = Field(32 * 32, ge=1, description="least pixels per frame after resizing")
+    max_pixels: int = Field(64 * 64, ge=1, description="most pixels per frame after resizing (sides multiples "
+                            "of 32 for Qwen3-VL)")
+    max_source_frames: int = Field(2048, ge=1, description="a clip with more frames is refused (counted), not sampled")
+    max_source_seconds: float = Field(300.0, gt=0, description="a longer clip is refused (counted), not sampled")
+
+    def sampling(self) -> Any:
+        from relax_gym.video import VideoSampling
+
+        return VideoSampling(**self.model_dump())
+
+
 class ModelConfig(_Section):
     path: str | None = Field(None, description="HF model folder to start from (config, weights, tokenizer)")
     build: TinyModelSpec | None = Field(None, description="build a tiny model instead of loading `path`")
@@ -101,6 +119,8 @@ class ModelConfig(_Section):
         default_factory=lambda: {"enable_thinking": False},
         description="extra chat-template variables (Qwen3: enable_thinking)",
     )
+    video: VideoConfig = Field(default_factory=lambda: VideoConfig(),
+                               description="how video observations are sampled for the model (Qwen3-VL)")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:
@@ -801,6 +821,11 @@ def check_envs(config: TrainConfig) -> None:
             _build_env(where, env_id, kwargs)
             built.add(key)
     _check_per_env_rewards(config, sorted({env_id for _, env_id, _ in envs}))
+    from relax_gym.trainer.modality_check import modality_problem
+
+    problem = modality_problem(config, envs)
+    if problem:
+        raise ConfigError(problem)
 
 
 def is_dataset_env(env_id: str) -> bool:

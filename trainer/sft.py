@@ -119,6 +119,8 @@ def oracle_trajectory(spec: EpisodeSpec, codec: ChatCodec, *, max_turns: int | N
         reward=reward, success=success, stop_reason="env_done", turns=turns, messages=messages, tools=tools,
         images=chat.images, image_grid_thw=chat.grids,
         image_token_id=codec.vision.image_token_id if codec.vision is not None else None,
+        videos=chat.videos, video_grid_thw=chat.video_grids,
+        video_token_id=codec.vision.video.video_token_id if codec.vision is not None and codec.vision.video else None,
         metadata={"oracle": True},
     )
     traj.validate()
@@ -129,9 +131,9 @@ def sft_batch(trajectories: list[Trajectory], image_processor: Any | None) -> Se
     """Oracle samples as a backend batch (loss on the oracle's turns, temperature 1)."""
     multimodal = []
     for t in trajectories:
-        if t.images:
+        if t.images or t.videos:
             vis = t.vision_inputs(image_processor)
-            multimodal.append({"pixel_values": vis["pixel_values"], "image_grid_thw": vis["image_grid_thw"]})
+            multimodal.append({k: v for k, v in vis.items() if k != "mm_token_type_ids"})
         else:
             multimodal.append({})
     return SequenceBatch(input_ids=[t.token_ids for t in trajectories], loss_mask=[t.loss_mask for t in trajectories],

@@ -84,12 +84,17 @@ class HFAgent(LocalChatAgent):
             from relax_gym.vision import prepare_vision_inputs
 
             assert conv.codec.vision is not None  # checked when the model was loaded
-            prepared = prepare_vision_inputs(ids, images, conv.codec.vision.image_processor, self._vision_tokens)
+            videos = [(v.frames, v.fps) for v in conv.context.videos]
+            prepared = prepare_vision_inputs(ids, images, conv.codec.vision.image_processor, self._vision_tokens,
+                                             videos=videos, video=conv.codec.vision.video, encode=conv.codec.encode)
             ids = prepared.input_ids
             extra["mm_token_type_ids"] = torch.tensor([prepared.mm_token_type_ids])
             if prepared.pixel_values is not None:
                 extra["pixel_values"] = prepared.pixel_values
                 extra["image_grid_thw"] = prepared.image_grid_thw
+            if prepared.pixel_values_videos is not None:
+                extra["pixel_values_videos"] = prepared.pixel_values_videos
+                extra["video_grid_thw"] = prepared.video_grid_thw
         o = self.options
         sample = o.temperature > 0
         gen_kwargs: dict[str, Any] = {"max_new_tokens": o.max_tokens, "do_sample": sample}

@@ -7,8 +7,8 @@ Earlier replies stay as generated, ``<think>`` blocks included (see the ``relax_
 docstring for why). The env gets the answer with the thinking split off, and tool calls are
 parsed from that answer here.
 
-A media part the encoder has no tokens for (:meth:`~relax_gym.chat.ChatCodec.takes`: audio and
-video; images without the model's image processor) raises :class:`ModalityRejected` before
+A media part the encoder has no tokens for (:meth:`~relax_gym.chat.ChatCodec.takes`: audio;
+video except for Qwen3-VL; images without the model's image processor) raises :class:`ModalityRejected` before
 anything is sent, instead of evaluating a model that never saw the media.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 from relax_gym.chat import MEDIA_KINDS, ChatCodec, ChatContext, TemplateError
 from relax_gym.core import Env
+from relax_gym.errors import MediaError
 from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
 from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
@@ -88,7 +89,8 @@ class Conversation:
                     raise ModalityRejected(
                         kind,
                         f"the chat encoder of {self.codec.source}",
-                        f"it has no tokens for {kind} (text, and images with the model's image processor)",
+                        f"it has no tokens for {kind} (text; images with the model's image processor; "
+                        "video with Qwen3-VL)",
                     )
                 if kind in MEDIA_KINDS:
                     self.media.append(kind)
@@ -103,6 +105,8 @@ class Conversation:
                 self.context.add_observation(messages)
         except TemplateError as exc:
             raise AgentError(f"chat template: {exc}") from None
+        except MediaError as exc:  # a corrupt or over-budget clip fails this episode only
+            raise AgentError(f"media: {exc}") from None
 
     @property
     def ids(self) -> list[int]:

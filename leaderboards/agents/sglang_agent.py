@@ -15,6 +15,7 @@ from typing import Any
 
 from relax_gym.core import Env
 from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
+from relax_gym.video import collapse_spans
 
 from .base import AgentError, AgentOptions, EpisodeInfo, FatalAgentError, call_engine, refusal
 from .local_chat import LocalChatAgent, LocalChatSession, load_codec
@@ -67,8 +68,15 @@ class _SGLangSession(LocalChatSession):
         params = SamplingParams(max_new_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
                                 top_k=o.top_k, min_p=o.min_p, sampling_seed=seed,
                                 stop_token_ids=sorted(codec.reserved_ids) or None)
-        payloads = self.conv.context.payloads if self.conv.context is not None else []
-        return GenerateRequest(input_ids=list(self.conv.ids), sampling_params=params, image_data=payloads or None)
+        ctx = self.conv.context
+        payloads = ctx.payloads if ctx is not None else []
+        ids = list(self.conv.ids)
+        videos = ctx.video_payloads if ctx is not None else []
+        if videos and codec.vision is not None and codec.vision.video is not None:
+            # one pad per video, as the template renders it (SGLang's processor expands it)
+            ids = collapse_spans(ids, ctx.video_spans, codec.vision.video.video_token_id)  # type: ignore[union-attr]
+        return GenerateRequest(input_ids=ids, sampling_params=params, image_data=payloads or None,
+                               video_data=videos or None)
 
     async def generate(self, seed: int) -> tuple[list[int], int, int]:
         request = self._request(seed)

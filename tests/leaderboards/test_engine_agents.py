@@ -120,6 +120,13 @@ def test_hf_agent_runs_local_models(models: dict[str, Path], tmp_path: Path) -> 
     # a text-only model is never handed an image silently
     stopped = _run(f"hf:{models['text']}", tmp_path / "hf-img", opts, env_ids=["lbtest/Picture-v0"], episodes=1)
     assert stopped.fatal is not None and "does not accept image input" in stopped.fatal
+    # video: sent to Qwen3-VL as pixel_values_videos, refused for a text model
+    video = _run(f"hf:{models['vl']}", tmp_path / "hf-video", opts, env_ids=["relax/MotionTrack-v0"], episodes=1)
+    assert video.fatal is None and video.summary["complete"]
+    assert [r.media_sent for r in read_records(tmp_path / "hf-video" / "episodes.jsonl")] == [{"video": 1}]
+    no_video = _run(f"hf:{models['text']}", tmp_path / "hf-novideo", opts, env_ids=["relax/MotionTrack-v0"],
+                    episodes=1)
+    assert no_video.fatal is not None and "does not accept video input" in no_video.fatal
     # same seeds, same text: sampling is seeded from the episode key
     again = _run(f"hf:{models['text']}", tmp_path / "hf-text2", opts, env_ids=["lbtest/Pick-v0"], episodes=2)
     first, second = _answers(tmp_path / "hf-text"), _answers(tmp_path / "hf-text2")
@@ -166,3 +173,17 @@ def test_local_template_tool_round_trip(models: dict[str, Path]) -> None:
     assert f"<tool_response>\n{env.unwrapped.secret}\n</tool_response>" in text
     bad, _, _ = conv.add_reply(codec.encode("<tool_call>{oops</tool_call>"), ToolCallParser("hermes"), turn=1)
     assert not bad.tool_calls and bad.parse_errors and "malformed JSON" in bad.parse_errors[0]
+
+
+@pytest.mark.slow  # about 20 s under load: two video episodes through the engine
+def test_sglang_agent_sends_video_to_qwen3_vl(engine: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    opts = AgentOptions(model=str(models["vl"]), max_tokens=4, temperature=1.0, thinking=False)
+    out = tmp_path / "sg-video"
+    res = _run(f"sglang:{engine.url}", out, opts, env_ids=["relax/MotionTrack-v0"], episodes=2)
+    assert res.fatal is None and res.summary["complete"]
+    rows = read_records(out / "episodes.jsonl")
+    assert len(rows) == 2 and all(r.media_sent == {"video": 1} and not r.error for r in rows)
+    text_only = _text_tokens(models["vl"], rows, out)
+    # 2 s at 2 fps = 4 frames = 2 temporal patches, each <T seconds> + start + 4 pads + end
+    assert all(r.prompt_tokens >= text_only[r.key] + 2 * 6 for r in rows), [(r.prompt_tokens, text_only[r.key])
+                                                                            for r in rows]

@@ -114,7 +114,7 @@ def test_several_problems_are_all_reported() -> None:
     assert "model.dtype" in msg and "train.steps" in msg
 
 
-@pytest.mark.parametrize("name", ["quickstart.yaml", "qwen3vl_tooluse_grpo.yaml"])
+@pytest.mark.parametrize("name", ["quickstart.yaml", "qwen3vl_tooluse_grpo.yaml", "video_cpu.yaml"])
 def test_shipped_examples_validate(name: str) -> None:
     cfg = load_config(ROOT / "examples" / name)
     assert cfg.train.steps > 0

@@ -123,11 +123,11 @@ def to_sequence_batch(samples: Sequence[ScoredSample], image_processor: Any | No
     multimodal: list[dict[str, torch.Tensor]] = []
     for s in samples:
         t = s.traj
-        if t.images:
+        if t.images or t.videos:
             if image_processor is None:
                 raise ValueError(f"trajectory {t.episode_id} holds images but the model has no image processor")
             vis = t.vision_inputs(image_processor)
-            multimodal.append({"pixel_values": vis["pixel_values"], "image_grid_thw": vis["image_grid_thw"]})
+            multimodal.append({k: v for k, v in vis.items() if k != "mm_token_type_ids"})
         else:
             multimodal.append({})
     return SequenceBatch(

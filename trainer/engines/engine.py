@@ -100,6 +100,8 @@ class Sequence:
         if self.vision is not None:
             seq.pixel_values = self.vision.pixel_values
             seq.image_grid_thw = self.vision.image_grid_thw
+            seq.pixel_values_videos = self.vision.pixel_values_videos
+            seq.video_grid_thw = self.vision.video_grid_thw
             seq.mm_token_type_ids = self.vision.mm_token_type_ids + [0] * len(self.output_ids)
         elif prefix is not None and not seq.want_prompt_logits:
             hit = prefix.lookup(ids)

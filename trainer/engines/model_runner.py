@@ -36,6 +36,8 @@ class SeqInput:
     input_ids: list[int]
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
+    pixel_values_videos: torch.Tensor | None = None
+    video_grid_thw: torch.Tensor | None = None
     mm_token_type_ids: list[int] | None = None
     want_prompt_logits: bool = False
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # cached KV of a token prefix
@@ -89,6 +91,7 @@ class ModelRunner:
         self.model = self._load(self.model_path)
         self.image_processor = None
         self.vision_tokens = None
+        self.video_support = None  # relax_gym.video.VideoSupport for Qwen3-VL
         if self.is_vision:
             from relax_gym.vision import VisionTokens, load_image_processor
 
@@ -96,9 +99,18 @@ class ModelRunner:
             self.vision_tokens = VisionTokens.from_config(
                 self.config, getattr(self.image_processor, "merge_size", None)
             )
+            if getattr(self.config, "model_type", "") == "qwen3_vl":
+                from relax_gym.video import VideoProcessor, VideoSampling, VideoSupport
+
+                self.video_support = VideoSupport(VideoProcessor.from_image_processor(self.image_processor),
+                                                  VideoSampling(), self.vision_tokens.video_token_id)
         self.eos_token_ids = self._eos_ids()
         self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self.stats = RunnerStats()
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of plain text (video timestamps), no special tokens added."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- loading ------------------------------------------------------------------------------
     def _load(self, path: str) -> Any:
@@ -184,11 +196,12 @@ class ModelRunner:
         n = len(seq.input_ids)
         if not self.is_vision:
             return torch.arange(n), 0
-        if seq.image_grid_thw is None:
+        if seq.image_grid_thw is None and seq.video_grid_thw is None:
             return torch.arange(n).expand(3, n), 0
         ids = torch.tensor([seq.input_ids])
         types = torch.tensor([seq.mm_token_type_ids or [0] * n])
-        pos, delta = self.model.model.get_rope_index(ids, types, image_grid_thw=seq.image_grid_thw)
+        pos, delta = self.model.model.get_rope_index(ids, types, image_grid_thw=seq.image_grid_thw,
+                                                     video_grid_thw=seq.video_grid_thw)
         return pos[:, 0, :], int(delta.reshape(-1)[0].item())
 
     def _position_ids(self, text_pos: torch.Tensor, rope_pos: torch.Tensor | None) -> torch.Tensor:
@@ -237,6 +250,11 @@ class ModelRunner:
         if pixels:
             kwargs["pixel_values"] = torch.cat(pixels, dim=0).to(self.device, self.dtype)
             kwargs["image_grid_thw"] = torch.cat(grids, dim=0).to(self.device)
+        videos = [s.pixel_values_videos for s in seqs if s.pixel_values_videos is not None]
+        if videos:
+            kwargs["pixel_values_videos"] = torch.cat(videos, dim=0).to(self.device, self.dtype)
+            kwargs["video_grid_thw"] = torch.cat([s.video_grid_thw for s in seqs if s.video_grid_thw is not None]).to(
+                self.device)
         want_full = any(s.want_prompt_logits for s in seqs)
         if not want_full:
             kwargs["logits_to_keep"] = 1

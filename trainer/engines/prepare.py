@@ -17,8 +17,11 @@ from their headers (:class:`relax_gym.media.MediaLimits`), and finally prompt to
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +85,10 @@ class InputLimits:
     max_image_bytes: int = 16 << 20  # encoded (PNG/JPEG) bytes per image, after base64
     max_image_pixels: int = 4096 * 4096  # width * height, read from the header before decoding
     allow_media_paths: bool = False  # let image_data name local files
+    max_videos: int = 4
+    max_video_bytes: int = 16 << 20  # encoded bytes per video, after base64
+    max_video_frames: int = 64  # frames per video: the engine decodes every frame it is sent
+    max_video_pixels: int = 1024 * 1024  # width * height per frame
 
     def prompt_chars(self, max_context: int) -> int:
         """Most characters of prompt text accepted for tokenising."""
@@ -155,9 +162,9 @@ def check_prompt_chars(n_chars: int, runner: ModelRunner, limits: InputLimits, w
 
 def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputLimits) -> None:
     """Size checks on a ``/generate`` body as parsed JSON, before it is validated and copied."""
-    for key in ("audio_data", "video_data"):
-        if data.get(key):
-            raise BadRequest(f"{key} is not supported by the embedded engine")
+    if data.get("audio_data"):
+        raise BadRequest("audio_data is not supported by the embedded engine")
+    check_raw_videos(data.get("video_data"), limits)
     text, ids = data.get("text"), data.get("input_ids")
     if isinstance(text, str):
         check_prompt_chars(len(text), runner, limits)
@@ -173,6 +180,59 @@ def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputL
                     f"image_data[{k}]: {len(item)} characters of base64 exceed the limit of "
                     f"{limits.max_image_bytes} bytes per image"
                 )
+
+
+def check_raw_videos(videos: Any, limits: InputLimits) -> None:
+    """Count and encoded-size checks on ``video_data`` before anything is decoded."""
+    if not isinstance(videos, list) or not videos:
+        return
+    if len(videos) > limits.max_videos:
+        raise BadRequest(f"{len(videos)} videos in one request; at most {limits.max_videos} are accepted")
+    b64_chars = limits.max_video_bytes * 4 // 3 + 4096
+    for k, item in enumerate(videos):
+        if isinstance(item, str) and len(item) > b64_chars:
+            raise BadRequest(f"video_data[{k}]: {len(item)} characters of base64 exceed the limit of "
+                             f"{limits.max_video_bytes} bytes per video")
+
+
+def decode_videos(items: list[Any], limits: InputLimits) -> list[tuple[Any, float]]:
+    """Decode ``video_data`` entries (data URLs or bare base64; never URLs or paths) to
+    ``(frames, fps)``, every frame kept: the client sampled them. Limits are checked from the
+    header before decoding."""
+    from relax_gym.media import load_video
+
+    check_raw_videos(items, limits)
+    media_limits = MediaLimits(max_bytes=limits.max_video_bytes, max_video_frames=limits.max_video_frames,
+                               max_video_pixels=limits.max_video_pixels,
+                               max_video_decoded_bytes=limits.max_video_frames * limits.max_video_pixels * 3)
+    out = []
+    for k, item in enumerate(items):
+        if not isinstance(item, str) or not item:
+            raise BadRequest(f"video_data[{k}]: expected a non-empty base64 string or data URL")
+        if _URL.match(item):
+            raise BadRequest(f"video_data[{k}]: URLs are not fetched by the embedded engine; send base64 or a data URL")
+        source = item if item.startswith("data:") else "data:application/octet-stream;base64," + item
+        key = hashlib.blake2b(source.encode(), digest_size=20).digest()
+        with _DECODED_LOCK:
+            hit = _DECODED.get(key)
+        if hit is None:
+            try:
+                hit = load_video(source, limits=media_limits)
+            except MediaError as exc:
+                raise BadRequest(f"video_data[{k}]: {exc.cause}") from None
+            with _DECODED_LOCK:
+                _DECODED[key] = hit
+                while len(_DECODED) > _DECODED_MAX:
+                    _DECODED.popitem(last=False)
+        out.append(hit)
+    return out
+
+
+# Decoded clips by payload hash: a GRPO group's samples send the same clip (bounded: 16 clips of
+# at most max_video_frames x max_video_pixels each; the frames are never written to).
+_DECODED: OrderedDict[bytes, tuple[Any, float]] = OrderedDict()
+_DECODED_MAX = 16
+_DECODED_LOCK = threading.Lock()
 
 
 def check_image_count(n: int, limits: InputLimits) -> None:
@@ -281,8 +341,8 @@ def prepare_prompt(
     limits = _with_paths(limits or InputLimits(), allow_media_paths)
     if req.audio_data:
         raise BadRequest("audio_data is not supported by the embedded engine")
-    if req.video_data:
-        raise BadRequest("video_data is not supported by the embedded engine")
+    if req.video_data and getattr(runner, "video_support", None) is None:
+        raise BadRequest("video_data was given but the served model takes no video (Qwen3-VL does)")
     if req.input_ids is not None:
         check_context(len(req.input_ids), 0, runner)
         ids = [int(t) for t in req.input_ids]
@@ -305,15 +365,18 @@ def prepare_prompt(
         images = []
     if runner.is_vision:
         assert runner.image_processor is not None and runner.vision_tokens is not None
+        videos = decode_videos(list(req.video_data), limits) if req.video_data else []
         try:
-            vision = prepare_vision_inputs(ids, images, runner.image_processor, runner.vision_tokens)
+            vision = prepare_vision_inputs(ids, images, runner.image_processor, runner.vision_tokens, videos=videos,
+                                           video=runner.video_support, encode=runner.encode_text)
         except VisionInputError as exc:
             raise BadRequest(str(exc)) from None
         except (ValueError, OSError) as exc:
             raise BadRequest(f"image_data: cannot process the image(s): {exc}") from None
         ids = vision.input_ids
     check_context(len(ids), req.sampling_params.max_new_tokens, runner)
-    return PreparedPrompt(input_ids=ids, vision=vision if vision is not None and vision.num_images else None)
+    has_media = vision is not None and (vision.num_images or vision.num_videos)
+    return PreparedPrompt(input_ids=ids, vision=vision if has_media else None)
 
 
 __all__ = [
@@ -329,6 +392,7 @@ __all__ = [
     "check_prompt_chars",
     "check_raw_generate",
     "decode_images",
+    "decode_videos",
     "prepare_prompt",
     "resolve_sampling",
     "tokenize_bounded",

@@ -36,6 +36,7 @@ from relax_gym.trainer.config import TrainConfig
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.rollout.tool_metrics import tool_metrics
 from relax_gym.trainer.observability import PhaseTimer, dump_samples, plot_curves, sample_record
+from relax_gym.trainer.rollout.media_metrics import media_metrics
 from relax_gym.trainer.rollout import Trajectory
 from relax_gym.trainer.modes.training_run import (  # re-exported: the helpers every mode uses
     RunSummary,
@@ -141,6 +142,7 @@ class Trainer(TrainingRun):
                                                          for t in trajs]))
             for reason in sorted({t.stop_reason for t in trajs}):
                 m[f"rollout/stop/{reason}"] = float(sum(t.stop_reason == reason for t in trajs))
+            m.update(media_metrics(trajs))
         if samples:
             rewards = [float(s.reward) for s in samples if s.reward is not None]
             m["rollout/reward_mean"] = float(np.mean(rewards))

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from relax_gym.chat import ChatCodec, ChatContext, DriftReport, Rendered, Reply, TemplateError
 from relax_gym.core import Env
+from relax_gym.errors import MediaError
 from relax_gym.threads import run_in_thread
 from relax_gym.protocol import (
     EngineError,
@@ -40,6 +41,7 @@ from relax_gym.protocol import (
     SamplingParams,
 )
 from relax_gym.types import Action, Message, Observation, ToolCall
+from relax_gym.video import collapse_spans
 from relax_gym.vision import collapse_image_tokens
 
 from relax_gym.trainer.rollout.config import RolloutConfig
@@ -305,10 +307,15 @@ class EpisodeRunner:
 
     def _template(self, fn: Callable[[], _T]) -> _T:
         try:
-            return fn()
+            out = fn()
         except TemplateError as exc:
             self.metrics.template_errors += 1
             raise _EpisodeStop("env_error", f"chat template: {exc}") from None
+        except MediaError as exc:  # a corrupt or over-budget clip: this episode ends, counted by reason
+            self.metrics.media_errors[getattr(exc, "reason", "corrupt")] += 1
+            raise _EpisodeStop("env_error", f"media: {exc}") from None
+        self.metrics.video_reduced.update(getattr(out, "video_reduced", ()))
+        return out
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
@@ -333,6 +340,9 @@ class EpisodeRunner:
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
         ids = part.chat.ids + segment.ids
         self._prompt_len = len(ids)  # the prompt the engine should report (pads expanded)
+        if part.chat.video_spans and self.codec.vision is not None and self.codec.vision.video is not None:
+            # one video pad per video, as the template renders it (SGLang's processor expands it)
+            ids = collapse_spans(ids, part.chat.video_spans, self.codec.vision.video.video_token_id)
         if part.chat.payloads and self.codec.vision is not None:
             # one image pad per image, as the chat template renders it: SGLang's Qwen3-VL
             # processor expands each pad itself and keeps every other id as sent, while a run of
@@ -341,6 +351,7 @@ class EpisodeRunner:
         return GenerateRequest(
             input_ids=ids,
             image_data=list(part.chat.payloads) or None,
+            video_data=list(part.chat.video_payloads) or None,
             sampling_params=SamplingParams(
                 max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, min_p=0.0, stop_token_ids=self._stop_ids, skip_special_tokens=False,
@@ -562,8 +573,13 @@ class EpisodeRunner:
             images=chat.images if chat is not None else [],
             image_grid_thw=chat.grids if chat is not None else [],
             image_token_id=self.codec.vision.image_token_id if self.codec.vision is not None else None,
+            videos=chat.videos if chat is not None else [],
+            video_grid_thw=chat.video_grids if chat is not None else [],
+            video_token_id=self.codec.vision.video.video_token_id
+            if self.codec.vision is not None and self.codec.vision.video is not None else None,
             drift=drift,
-            metadata=dict(self.spec.metadata),
+            metadata={**self.spec.metadata, **({"video_reduced": list(chat.video_reduced)}
+                                               if chat is not None and chat.video_reduced else {})},
         )
 
 

@@ -26,6 +26,8 @@ class RolloutMetrics:
     env_errors: int = 0
     template_errors: int = 0
     media_placeholders: int = 0  # media parts the model could not take, rendered as text
+    media_errors: Counter[str] = field(default_factory=Counter)  # episodes ended by a bad clip, by reason
+    video_reduced: Counter[str] = field(default_factory=Counter)  # clips sampled down: fps, frames, resolution
     tools_changed: int = 0  # observations whose tool list differs from the prompt's
     engine_prompt_mismatch: int = 0  # engine's prompt_tokens != our context length
     reserved_tokens_cut: int = 0  # segments cut before a vision placeholder the model emitted

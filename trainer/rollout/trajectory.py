@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 from relax_gym.chat import DriftReport
 from relax_gym.errors import RelaxGymError
 from relax_gym.transcript import MediaWriter, message_from_record, message_to_record
-from relax_gym.types import ImagePart, Message, ToolCall
+from relax_gym.types import ImagePart, Message, ToolCall, VideoPart
 
 StopReason = Literal[
     "env_done",  # the env terminated the episode
@@ -120,6 +120,10 @@ class Trajectory:
     images: list[ImagePart] = field(default_factory=list)
     image_grid_thw: list[list[int]] = field(default_factory=list)
     image_token_id: int | None = None
+    # videos as the model saw them (sampled frames at their rate), in placeholder order
+    videos: list[VideoPart] = field(default_factory=list)
+    video_grid_thw: list[list[int]] = field(default_factory=list)
+    video_token_id: int | None = None
     drift: DriftReport = field(default_factory=DriftReport)
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -133,10 +137,11 @@ class Trajectory:
 
     @property
     def mm_token_type_ids(self) -> list[int]:
-        """1 on image placeholder tokens, 0 elsewhere (Qwen3-VL's ``mm_token_type_ids``)."""
-        if self.image_token_id is None:
-            return [0] * len(self.token_ids)
-        return [1 if t == self.image_token_id else 0 for t in self.token_ids]
+        """1 on image placeholder tokens, 2 on video ones, 0 elsewhere (Qwen3-VL's
+        ``mm_token_type_ids``)."""
+        image, video = self.image_token_id, self.video_token_id
+        return [1 if t == image and image is not None else 2 if t == video and video is not None else 0
+                for t in self.token_ids]
 
     @property
     def trainable(self) -> bool:
@@ -197,6 +202,9 @@ class Trajectory:
                     f"{runs} image placeholder runs, {len(self.images)} images and "
                     f"{len(self.image_grid_thw)} grids; they must agree"
                 )
+        if len(self.videos) != len(self.video_grid_thw) or (self.videos and self.video_token_id is None):
+            raise TrajectoryError(f"{len(self.videos)} videos and {len(self.video_grid_thw)} video grids (video token "
+                                  f"{self.video_token_id}); they must agree")
 
     def vision_inputs(self, image_processor: Any) -> dict[str, Any]:
         """``pixel_values``, ``image_grid_thw`` and ``mm_token_type_ids`` as torch tensors for a
@@ -205,6 +213,14 @@ class Trajectory:
         import torch
 
         out: dict[str, Any] = {"mm_token_type_ids": torch.tensor([self.mm_token_type_ids], dtype=torch.long)}
+        if self.videos:
+            from relax_gym.video import VideoProcessor
+
+            vids = VideoProcessor.from_image_processor(image_processor)([v.frames for v in self.videos])
+            if vids["video_grid_thw"].tolist() != self.video_grid_thw:
+                raise TrajectoryError(f"the video processor gives grids {vids['video_grid_thw'].tolist()} but the "
+                                      f"rollout used {self.video_grid_thw}")
+            out.update(vids)
         if not self.images:
             return out
         processed = image_processor(images=[p.image.convert("RGB") for p in self.images], return_tensors="pt")
@@ -252,6 +268,9 @@ class Trajectory:
             ],
             "image_grid_thw": self.image_grid_thw,
             "image_token_id": self.image_token_id,
+            "videos": [{"path": _save_frames(writer, v), "fps": v.fps} for v in self.videos],
+            "video_grid_thw": self.video_grid_thw,
+            "video_token_id": self.video_token_id,
             "drift": asdict(self.drift),
             "metadata": self.metadata,
         }
@@ -294,6 +313,9 @@ class Trajectory:
                 images=images,
                 image_grid_thw=[list(map(int, g)) for g in rec.get("image_grid_thw", [])],
                 image_token_id=rec.get("image_token_id"),
+                videos=[_load_frames(media_dir, v) for v in rec.get("videos", [])],
+                video_grid_thw=[list(map(int, g)) for g in rec.get("video_grid_thw", [])],
+                video_token_id=rec.get("video_token_id"),
                 drift=DriftReport(**rec.get("drift", {})),
                 metadata=dict(rec.get("metadata", {})),
             )
@@ -303,6 +325,34 @@ class Trajectory:
             raise TrajectoryError(f"malformed trajectory record: {type(exc).__name__}: {exc}") from None
         traj.validate()
         return traj
+
+
+def _save_frames(writer: MediaWriter | None, video: VideoPart) -> str:
+    """The exact frames as ``.npy`` (an mp4 would be lossy, and the trainer needs the pixels the
+    engine saw)."""
+    import hashlib
+    import io
+
+    import numpy as np
+
+    if writer is None:
+        raise TrajectoryError("this trajectory holds videos: pass a MediaWriter to save it")
+    buf = io.BytesIO()
+    np.save(buf, video.frames, allow_pickle=False)
+    data = buf.getvalue()
+    name = f"frames-{hashlib.sha1(data).hexdigest()[:16]}.npy"
+    path = writer.folder / name
+    if not path.exists():
+        path.write_bytes(data)
+    return name
+
+
+def _load_frames(media_dir: str | Path | None, item: dict[str, Any]) -> VideoPart:
+    import numpy as np
+
+    if media_dir is None:
+        raise TrajectoryError("the record holds videos: pass media_dir")
+    return VideoPart(np.load(Path(media_dir) / item["path"], allow_pickle=False), float(item["fps"]))
 
 
 def _count_runs(ids: list[int], token_id: int) -> int:

@@ -111,7 +111,8 @@ def _images(
 ) -> dict[str, Tensor]:
     unknown = {k for r in rows for k in multimodal[r]} - {"pixel_values", "image_grid_thw"}
     if unknown:
-        raise ValueError(f"unsupported multimodal inputs for Megatron Qwen3-VL: {sorted(unknown)}")
+        raise ValueError(f"unsupported multimodal inputs for Megatron Qwen3-VL: {sorted(unknown)} (the bridge takes "
+                         "images only; video needs backend: torch, see docs/megatron.md)")
     mm: dict[str, Tensor] = {}
     for key in ("pixel_values", "image_grid_thw"):
         values = [multimodal[r][key] for r in rows if key in multimodal[r]]

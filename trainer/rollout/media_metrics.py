@@ -1,0 +1,35 @@
+"""Per-step counts of what happened to the media of a batch of trajectories.
+
+Video clips are sampled down (fps, frame count, resolution) before the model sees them and a
+clip over budget or malformed ends its episode; both must show in the run's metrics, not only
+in logs. Computed from the trajectories themselves so every execution mode can report them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from relax_gym.trainer.rollout.trajectory import Trajectory
+
+
+def media_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``rollout/videos`` (clips the model saw), ``rollout/video_tokens_mean`` (video pads per
+    sample), ``rollout/video_reduced/<how>`` and ``rollout/media_errors`` (episodes ended by a
+    bad or over-budget clip)."""
+    out: dict[str, float] = {}
+    videos = sum(len(t.videos) for t in trajs)
+    if videos:
+        out["rollout/videos"] = float(videos)
+        pads = [sum(1 for tok in t.token_ids if tok == t.video_token_id) for t in trajs if t.videos]
+        out["rollout/video_tokens_mean"] = float(sum(pads) / len(pads))
+    for t in trajs:
+        for how in t.metadata.get("video_reduced", ()):
+            key = f"rollout/video_reduced/{how}"
+            out[key] = out.get(key, 0.0) + 1.0
+    errors = sum(1 for t in trajs if t.stop_reason == "env_error" and (t.error or "").startswith("media:"))
+    if errors:
+        out["rollout/media_errors"] = float(errors)
+    return out
+
+
+__all__ = ["media_metrics"]
