@@ -58,6 +58,7 @@ def _check(results: list[dict], *, compare_torch: bool = True) -> None:
         assert ref["losses"][1] == pytest.approx(ref["torch_losses"][1], abs=1e-4)
 
 
+@pytest.mark.slow  # ~17 s; the TP=2 parity test stays in the default suite
 def test_dp2_grpo_steps_match_torch_backend(tmp_path: Path) -> None:
     """DP=2, micro-batches of 2 packed sequences: same update as one full-batch torch step."""
     _check(_run(tmp_path, 2, {}))

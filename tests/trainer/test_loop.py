@@ -105,6 +105,7 @@ def _kill_after(src: Path, dst: Path, step: int) -> None:
             dump.unlink()
 
 
+@pytest.mark.slow  # two runs (~20 s); resume exactness also runs by default in tests/modes
 def test_kill_and_resume_continues_exactly(tiny_text_model: Path, tmp_path: Path) -> None:
     full = train(loop_config(tiny_text_model, tmp_path / "full", "train.steps=3"))
     assert full.steps == 3
