@@ -50,6 +50,15 @@ _MIME_BY_FORMAT = {
 # ------------------------------------------------------------------------------------------------
 # bytes, base64 and data URLs
 # ------------------------------------------------------------------------------------------------
+def frames_key(frames: np.ndarray, fps: float) -> bytes:
+    """A content key of a clip (shape, fps and every pixel), for the caches that keep one
+    encoding per clip: a GRPO group's samples and an episode's turns send the same frames."""
+    arr = np.ascontiguousarray(frames, dtype=np.uint8)
+    digest = hashlib.blake2b(repr((arr.shape, float(fps))).encode(), digest_size=20)
+    digest.update(memoryview(arr).cast("B"))
+    return digest.digest()
+
+
 def to_data_url(data: bytes, fmt: str) -> str:
     """``data:<mime>;base64,<payload>`` for bytes in the given format (png, wav, mp4, ...)."""
     mime = _MIME_BY_FORMAT.get(fmt.lower(), f"application/{fmt.lower()}")
@@ -537,9 +546,7 @@ def encode_video(frames: np.ndarray, fps: float) -> bytes:
     if arr.ndim != 4 or arr.shape[-1] != 3 or arr.shape[0] == 0:
         raise MediaError("video", f"<array shape={arr.shape}>", "expected uint8 frames [T, H, W, 3], T >= 1")
     arr = np.ascontiguousarray(arr, dtype=np.uint8)
-    digest = hashlib.blake2b(repr((arr.shape, float(fps))).encode(), digest_size=20)
-    digest.update(memoryview(arr).cast("B"))
-    key = digest.digest()
+    key = frames_key(arr, fps)
     with _ENCODED_VIDEOS_LOCK:
         cached = _ENCODED_VIDEOS.get(key)
         if cached is not None:

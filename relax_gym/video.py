@@ -23,7 +23,6 @@ engine and trainer logprobs can agree exactly. Only numpy and PIL at import time
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import re
@@ -354,12 +353,10 @@ _PAYLOADS_LOCK = threading.Lock()
 def video_payload(frames: np.ndarray, fps: float) -> str:
     """A ``video_data`` entry (mp4 data URL) that decodes to exactly ``frames``; memoised by
     content (the samples of a GRPO group, and every turn of an episode, send the same clip)."""
-    from relax_gym.media import to_data_url
+    from relax_gym.media import frames_key, to_data_url
 
     arr = np.ascontiguousarray(frames, dtype=np.uint8)
-    digest = hashlib.blake2b(repr((arr.shape, float(fps))).encode(), digest_size=20)
-    digest.update(memoryview(arr).cast("B"))
-    key = digest.digest()
+    key = frames_key(arr, fps)
     with _PAYLOADS_LOCK:
         hit = _PAYLOADS.get(key)
         if hit is not None:
