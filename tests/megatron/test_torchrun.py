@@ -167,6 +167,19 @@ def test_tp2_run_cut_after_step_2_resumes_exactly(tmp_path: Path) -> None:
     assert responses(tmp_path / "full") == responses(cut)
 
 
+def _tp2_run(tmp_path: Path, steps: int) -> tuple[Path, Path, dict[str, Any]]:
+    """A tiny model, the run folder and a TP=2 config without warm-up or periodic evaluation."""
+    from relax_gym.trainer.models import build_tiny_model
+
+    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
+    out = tmp_path / "run"
+    cfg = _config(model, out, steps=steps)
+    cfg["warmup"]["enabled"] = False
+    cfg["eval"]["every"] = 0
+    cfg["megatron"] = {"tensor_parallel_size": 2}
+    return model, out, cfg
+
+
 def _pids_with(*needles: str) -> dict[int, bytes]:
     """Live processes whose command line holds every needle, with their environment."""
     out: dict[int, bytes] = {}
@@ -191,14 +204,7 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     import signal
     import time
 
-    from relax_gym.trainer.models import build_tiny_model
-
-    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
-    out = tmp_path / "run"
-    cfg = _config(model, out, steps=4)
-    cfg["warmup"]["enabled"] = False
-    cfg["eval"]["every"] = 0
-    cfg["megatron"] = {"tensor_parallel_size": 2}
+    model, out, cfg = _tp2_run(tmp_path, steps=4)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = {**os.environ, "RELAX_MEGATRON_CPU_SHIM": "1", "PYTHONUNBUFFERED": "1"}
@@ -250,14 +256,7 @@ def test_fully_async_under_torchrun_tp2(tmp_path: Path) -> None:
     """mode fully_async on a TP=2 megatron trainer under torchrun: rank 0 runs the learner,
     producer, queue and logprob workers; the follower rank replays the backend calls. (hybrid
     ran the same way by hand: docs/megatron.md.)"""
-    from relax_gym.trainer.models import build_tiny_model
-
-    model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
-    out = tmp_path / "run"
-    cfg = _config(model, out, steps=2)
-    cfg["warmup"]["enabled"] = False
-    cfg["eval"]["every"] = 0
-    cfg["megatron"] = {"tensor_parallel_size": 2}
+    _, out, cfg = _tp2_run(tmp_path, steps=2)
     cfg["mode"] = "fully_async"
     cfg["async_rl"] = {"max_staleness": 1, "imports": ["tests.trainer.envs"]}
     proc = _run(cfg, tmp_path / "run.yaml", nproc=2)
