@@ -195,7 +195,7 @@ def _pids_with(*needles: str) -> dict[int, bytes]:
     return out
 
 
-@pytest.mark.slow  # a TP=2 run killed mid-run and its resume: ~4 min on a loaded 2-core box
+@pytest.mark.slow  # a TP=2 run killed mid-run and its resume: ~3 min on a loaded 2-core box
 @pytest.mark.timeout(1800)
 def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_path: Path) -> None:
     """SIGKILL rank 1 of a TP=2 run mid-training: torchrun ends rank 0 at once (no collective
@@ -204,7 +204,7 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     import signal
     import time
 
-    model, out, cfg = _tp2_run(tmp_path, steps=4)
+    model, out, cfg = _tp2_run(tmp_path, steps=2)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = {**os.environ, "RELAX_MEGATRON_CPU_SHIM": "1", "PYTHONUNBUFFERED": "1"}
@@ -244,10 +244,10 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     resumed = _run(cfg, path, nproc=2, extra=["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["steps"] == 4
+    assert summary["steps"] == 2
     last = int(saved[-1].split("_")[1])
     trained_after = {r["step"] for r in _records(out) if r["phase"] == "train" and r["step"] > last}
-    assert trained_after == set(range(last + 1, 5))
+    assert trained_after == set(range(last + 1, 3))
 
 
 @pytest.mark.slow  # one TP=2 torchrun run: ~1.5 min on a loaded 2-core box
