@@ -100,6 +100,24 @@ def text_engine(scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
     engine.stop()
 
 
+@pytest.fixture
+def engine(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
+    """The session's text engine; its own weights and version are put back after every test
+    (for the tests that update weights)."""
+    yield text_engine
+    asyncio.run(_put_back(text_engine.url, scripted_qwen3))
+
+
+async def _put_back(url: str, path: Path) -> None:
+    from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
+
+    async with EngineClient(url, api_key=API_KEY) as client:
+        await client.continue_generation()
+        await client.update_weights_from_disk(
+            UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="default", abort_all_requests=True)
+        )
+
+
 async def server_info(url: str) -> dict[str, Any]:
     async with httpx.AsyncClient() as http:
         return (await http.get(f"{url}/get_server_info")).json()

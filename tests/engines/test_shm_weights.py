@@ -7,10 +7,8 @@ weights untouched."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,7 +27,7 @@ from relax_gym.trainer.weights.tensor import TensorTransport
 from relax_gym.trainer.weights.transport import Snapshot
 from transformers import AutoModelForCausalLM
 
-from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
+from relax_gym.protocol import EngineClient
 
 from .conftest import API_KEY
 from .test_weights import fresh_logprobs, max_diff, probe
@@ -80,18 +78,6 @@ def test_anything_but_our_own_file_is_refused(tmp_path: Path) -> None:
     finally:
         for p in (good, link, junk):
             p.unlink(missing_ok=True)
-
-
-@pytest.fixture
-def engine(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
-    yield text_engine
-    asyncio.run(_put_back(text_engine.url, scripted_qwen3))
-
-
-async def _put_back(url: str, path: Path) -> None:
-    async with EngineClient(url, api_key=API_KEY) as client:
-        await client.update_weights_from_disk(
-            UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="default", abort_all_requests=True))
 
 
 @pytest.mark.parametrize("shared", [True, False])

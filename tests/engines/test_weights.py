@@ -9,7 +9,6 @@ import asyncio
 from typing import Any
 import base64
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -35,21 +34,6 @@ from relax_gym.protocol import (
 from .conftest import API_KEY, wait_for_tokens
 
 PROMPT = list(range(40, 60))
-
-
-@pytest.fixture
-def engine(text_engine: EmbeddedEngineProcess, scripted_qwen3: Path) -> Iterator[EmbeddedEngineProcess]:
-    """The session's text engine; its own weights and version are put back after every test."""
-    yield text_engine
-    asyncio.run(_put_back(text_engine.url, scripted_qwen3))
-
-
-async def _put_back(url: str, path: Path) -> None:
-    async with EngineClient(url, api_key=API_KEY) as client:
-        await client.continue_generation()
-        await client.update_weights_from_disk(
-            UpdateWeightsFromDiskRequest(model_path=str(path), weight_version="default", abort_all_requests=True)
-        )
 
 
 def state_of(path: Path) -> dict[str, torch.Tensor]:
