@@ -589,12 +589,20 @@ def _encode_video(arr: np.ndarray, fps: float) -> bytes:
             "x264-params": "threads=1:lookahead-threads=1:sliced-threads=0:sync-lookahead=0",
         }
         stream.thread_count = 1
-        for frame in arr:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+        mux_frames(container, stream, arr)
     return buf.getvalue()
+
+
+def mux_frames(container: Any, stream: Any, frames: np.ndarray) -> None:
+    """Encode RGB ``frames`` [T, H, W, 3] on a PyAV ``stream`` into ``container``, flushing the
+    encoder at the end (what every mp4 writer here does once its stream is configured)."""
+    import av
+
+    for frame in frames:
+        for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            container.mux(packet)
+    for packet in stream.encode():
+        container.mux(packet)
 
 
 def video_to_data_url(frames: np.ndarray, fps: float) -> str:

@@ -329,6 +329,8 @@ def encode_lossless(frames: np.ndarray, fps: float) -> bytes:
         import av
     except ImportError:
         raise MediaError("video", "<clip>", "sending video needs PyAV: pip install 'relax-gym[video]'") from None
+    from relax_gym.media import mux_frames
+
     arr = np.ascontiguousarray(frames, dtype=np.uint8)
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
@@ -337,11 +339,7 @@ def encode_lossless(frames: np.ndarray, fps: float) -> bytes:
         stream.pix_fmt = "rgb24"
         stream.options = {"qp": "0", "preset": "ultrafast", "threads": "1"}
         stream.thread_count = 1
-        for frame in arr:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+        mux_frames(container, stream, arr)
     return buf.getvalue()
 
 

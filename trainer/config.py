@@ -813,8 +813,7 @@ def check_envs(config: TrainConfig) -> None:
     for where, env_id, kwargs in envs:
         # a dataset env's prompt-length filter takes the run's tokenizer; a model built from
         # config does not exist yet, so the check builds the env without the filter
-        needs = _needs_run_tokenizer(env_id, kwargs)
-        if needs:
+        if _needs_run_tokenizer(env_id, kwargs):
             kwargs = {**kwargs, "tokenizer": tokenizer} if tokenizer else {**kwargs, "max_prompt_tokens": None}
         key = json.dumps([env_id, kwargs], sort_keys=True, default=repr)
         if key not in built:

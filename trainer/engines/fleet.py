@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relax_gym.trainer.config import EngineConfig
+from relax_gym.trainer.config import EngineConfig, SGLangLaunchConfig
 
 
 @dataclass
@@ -100,18 +100,10 @@ class EngineFleet:
 
     def _sglang_options(self, i: int) -> Any:
         """Engine ``i``'s SGLang launch: a free port, its own GPUs, weight version 0."""
-        import sys
-
-        from relax_gym.trainer.engines.sglang_launcher import SGLangOptions
-        from relax_gym.trainer.weights.broadcast import free_port
-
         s = self.config.sglang
         gpus = ",".join(str(g) for g in range(i * s.tp, (i + 1) * s.tp))
-        return SGLangOptions(model=str(self.model_path), port=free_port(), tp=s.tp,
-                             mem_fraction_static=s.mem_fraction_static, api_key=self.api_key, weight_version="0",
-                             log_file=str(self.log_dir / f"engine{i}.log"), health_timeout_s=s.health_timeout_s,
-                             python=s.python or sys.executable, extra_args=list(s.extra_args),
-                             env={"CUDA_VISIBLE_DEVICES": gpus})
+        return sglang_launch_options(s, str(self.model_path), api_key=self.api_key,
+                                     log_file=str(self.log_dir / f"engine{i}.log"), env={"CUDA_VISIBLE_DEVICES": gpus})
 
     def stop_url(self, url: str) -> bool:
         """Stop the engine this fleet launched at ``url``; False if it launched none there."""
@@ -144,6 +136,22 @@ class EngineFleet:
         self.stop()
 
 
+def sglang_launch_options(section: SGLangLaunchConfig, model: str, *, api_key: str | None, log_file: str,
+                          host: str = "127.0.0.1", env: dict[str, str] | None = None) -> Any:
+    """The ``engine.sglang`` section as one server's launch: a free port on this host, weight
+    version 0 (the run's starting weights). Used by the fleet and by Ray's engine actors."""
+    import sys
+
+    from relax_gym.trainer.engines.sglang_launcher import SGLangOptions
+    from relax_gym.trainer.weights.broadcast import free_port
+
+    return SGLangOptions(model=model, host=host, port=free_port(), tp=section.tp,
+                         mem_fraction_static=section.mem_fraction_static, api_key=api_key, weight_version="0",
+                         log_file=log_file, health_timeout_s=section.health_timeout_s,
+                         python=section.python or sys.executable, extra_args=list(section.extra_args),
+                         env=dict(env or {}))
+
+
 class ScaleOutLauncher:
     """Engines started on demand through the control API (``POST /engines {"launch": true}``):
     the run's own engine kind and model, numbered after the run's first engines, recorded in
@@ -157,11 +165,9 @@ class ScaleOutLauncher:
         first = config.num_engines if config.kind != "external" else 0
         self.fleet = EngineFleet(config, Path(model_path), Path(out_dir) / "engines", seed=seed, api_key=api_key,
                                  index_offset=first)
-        self._lock: asyncio.Lock | None = None
+        self._lock = asyncio.Lock()
 
     async def launch(self) -> str:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
         async with self._lock:  # one start at a time: engine numbers and GPUs stay distinct
             url = await asyncio.to_thread(self.fleet.launch_one)
             self._record()
@@ -183,4 +189,4 @@ class ScaleOutLauncher:
 
 SCALEOUT_PIDS = "pids-scaleout.json"
 
-__all__ = ["SCALEOUT_PIDS", "EngineFleet", "ScaleOutLauncher"]
+__all__ = ["SCALEOUT_PIDS", "EngineFleet", "ScaleOutLauncher", "sglang_launch_options"]

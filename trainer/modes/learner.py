@@ -49,6 +49,7 @@ from relax_gym.trainer.observability import PhaseTimer, plot_curves
 
 from relax_gym.trainer.modes.trajectory_queue import Batch, QueuedGroup, QueuedSample, QueueError, check_queue_state, groups_from_trajectories, groups_to_trajectories
 from relax_gym.trainer.rollout import EngineRouter
+from relax_gym.trainer.rollout.media_metrics import media_metrics
 from relax_gym.trainer.rollout.tool_metrics import tool_metrics
 from relax_gym.trainer.weights.publisher import WeightPublisher
 
@@ -111,11 +112,9 @@ class Learner(TrainingRun):
 
     def _record_engine_pids(self) -> None:
         """Write the engine processes' ids, so a resume after a crash can stop orphans."""
-        procs = getattr(self.fleet, "_procs", [])
-        pids = [{"pid": p.proc.pid, "url": p.url} for p in procs if getattr(p, "proc", None) is not None]
         path = self.out / "engines" / "pids.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(pids), encoding="utf-8")
+        path.write_text(json.dumps(self.fleet.pids), encoding="utf-8")
 
     def _assign_version(self) -> None:
         """New weights get the next version number, once."""
@@ -279,7 +278,9 @@ class Learner(TrainingRun):
                 mixed += len(set(versions)) > 1
             m["staleness/off_policy_token_frac"] = old / max(1, tokens)
             m["rollout/partial_samples"] = float(mixed)  # sampled by more than one weight version
-        m.update(tool_metrics(s.traj for s in trained))
+        trajs = [s.traj for s in trained]
+        m.update(media_metrics(trajs))  # as colocate logs them, from this step's trajectories
+        m.update(tool_metrics(trajs))
         return m
 
     async def _reference_logprobs(self, samples: list[QueuedSample], batch: SequenceBatch,

@@ -67,17 +67,12 @@ def _start_sglang(model_path: str, api_key: str, section: dict[str, Any], *, log
     """An SGLang server for an :class:`EngineHost`: checked first on this node (sglang installed
     and new enough, a GPU, every flag accepted by its own parser: one clear line otherwise),
     then started on a free port, weight version 0, and waited for."""
-    import sys
+    from relax_gym.trainer.config import SGLangLaunchConfig
+    from relax_gym.trainer.engines.fleet import sglang_launch_options
+    from relax_gym.trainer.engines.sglang_launcher import SGLangServer, preflight
 
-    from relax_gym.trainer.engines.sglang_launcher import SGLangOptions, SGLangServer, preflight
-    from relax_gym.trainer.weights.broadcast import free_port
-
-    opts = SGLangOptions(model=model_path, host="127.0.0.1" if local else "0.0.0.0", port=free_port(),
-                         tp=int(section.get("tp", 1)), mem_fraction_static=section.get("mem_fraction_static"),
-                         api_key=api_key, weight_version="0", log_file=log_file,
-                         health_timeout_s=float(section.get("health_timeout_s", 900.0)),
-                         python=section.get("python") or sys.executable,
-                         extra_args=list(section.get("extra_args") or []))
+    opts = sglang_launch_options(SGLangLaunchConfig.model_validate(section), model_path, api_key=api_key,
+                                 log_file=log_file, host="127.0.0.1" if local else "0.0.0.0")
     preflight(opts)
     server = SGLangServer(opts)
     server.start()

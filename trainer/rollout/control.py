@@ -128,17 +128,13 @@ def build_app(router: EngineRouter, token: str, manager: RolloutManager | None =
         if handle is None:
             return _error(404, f"no engine {engine_id!r}")
         wait = request.query_params.get("wait", "false").lower() in ("1", "true", "yes")
-        if launcher is not None:  # an engine the API launched is stopped once it is removed
-            if wait:
-                await router.remove_engine(engine_id, drain=True, wait=True)
-                await launcher.stop(handle.url)
-                return JSONResponse({"id": engine_id, "state": "removed"}, status_code=200)
-            await router.remove_engine(engine_id, drain=True, wait=False)
+        await router.remove_engine(engine_id, drain=True, wait=wait)
+        if launcher is not None:  # an engine the API launched is stopped once removed (in the background unless waited for)
             task = asyncio.create_task(_stop_when_removed(handle.url, engine_id))
             stopping.add(task)
             task.add_done_callback(stopping.discard)
-            return JSONResponse({"id": engine_id, "state": handle.state}, status_code=202)
-        await router.remove_engine(engine_id, drain=True, wait=wait)
+            if wait:
+                await asyncio.shield(task)
         if wait:
             return JSONResponse({"id": engine_id, "state": "removed"}, status_code=200)
         return JSONResponse({"id": engine_id, "state": handle.state}, status_code=202)

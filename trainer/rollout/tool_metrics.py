@@ -30,15 +30,16 @@ def tool_metrics(trajectories: Iterable[Any]) -> dict[str, float]:
         if stats is None:
             continue
         episodes += 1
+        episode_errors = int(stats.get("tool_errors", 0) or 0)
         calls += int(stats.get("tool_calls", 0) or 0)
-        errors += int(stats.get("tool_errors", 0) or 0)
+        errors += episode_errors
         parse_errors += int(stats.get("parse_errors", 0) or 0)
         named = 0
         for name, counts in (stats.get("per_tool") or {}).items():
             if isinstance(counts, dict) and counts.get("errors"):
                 per_tool[str(name)] = per_tool.get(str(name), 0) + int(counts["errors"])
                 named += int(counts["errors"])
-        other = int(stats.get("tool_errors", 0) or 0) - named  # calls to tools the env does not have
+        other = episode_errors - named  # calls to tools the env does not have
         if other > 0:
             per_tool[UNKNOWN_TOOL] = per_tool.get(UNKNOWN_TOOL, 0) + other
     out: dict[str, float] = {}
