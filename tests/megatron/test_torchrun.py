@@ -1,5 +1,5 @@
-"""``relax-gym train`` on megatron as two processes under torchrun (gloo, CPU shim): TP=2 and,
-separately, DP=2 train through the same loop as one process, and their numbers are the one
+"""``relax-gym train`` on megatron as two processes under torchrun (gloo, CPU shim): TP=2, DP=2
+and PP=2, each separately, train through the same loop as one process, and their numbers are the one
 process's: the first step's loss and grad norm within 1e-5 relative, and the exported weights
 after the run within a tolerance measured and written in docs/megatron.md."""
 
@@ -55,13 +55,14 @@ def _weights(folder: Path) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow  # three runs of a few minutes each on a loaded 2-core box
+@pytest.mark.slow  # four runs of 0.5-2 min each on a loaded 2-core box
 @pytest.mark.timeout(2400)
-def test_tp2_and_dp2_under_torchrun_match_one_process(tmp_path: Path) -> None:
+def test_tp2_dp2_and_pp2_under_torchrun_match_one_process(tmp_path: Path) -> None:
     from relax_gym.trainer.models import build_tiny_model
 
     model = build_tiny_model("qwen3", tmp_path / "model", seed=0, tokenizer="tiny-bpe")
-    layouts = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2), "dp2": ({}, 2)}
+    layouts = {"tp1": ({}, 1), "tp2": ({"tensor_parallel_size": 2}, 2), "dp2": ({}, 2),
+               "pp2": ({"pipeline_parallel_size": 2}, 2)}  # PP=2: one layer per stage, 1F1B schedule
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, (megatron, nproc) in layouts.items():
         cfg = _config(model, tmp_path / name, steps=2)
@@ -74,7 +75,7 @@ def test_tp2_and_dp2_under_torchrun_match_one_process(tmp_path: Path) -> None:
     ref_train = [r for r in runs["tp1"] if r["phase"] == "train"]
     ref_w = _weights(tmp_path / "tp1" / "final_model")
     diffs = {}
-    for name in ("tp2", "dp2"):
+    for name in ("tp2", "dp2", "pp2"):
         train = [r for r in runs[name] if r["phase"] == "train"]
         # exactly one rank logs: one record per step
         assert [r["step"] for r in train] == [1, 2], (name, [r["step"] for r in train])
@@ -250,18 +251,23 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     assert trained_after == set(range(last + 1, 3))
 
 
-@pytest.mark.slow  # one TP=2 torchrun run: ~1.5 min on a loaded 2-core box
+@pytest.mark.slow  # one TP=2 torchrun run each: ~1 min on a loaded 2-core box
 @pytest.mark.timeout(1200)
-def test_fully_async_under_torchrun_tp2(tmp_path: Path) -> None:
-    """mode fully_async on a TP=2 megatron trainer under torchrun: rank 0 runs the learner,
-    producer, queue and logprob workers; the follower rank replays the backend calls. (hybrid
-    ran the same way by hand: docs/megatron.md.)"""
+@pytest.mark.parametrize(("mode", "learner_process"),
+                         [("fully_async", False), ("fully_async", True), ("hybrid", False)],
+                         ids=["fully_async", "fully_async_learner_process", "hybrid"])
+def test_async_modes_under_torchrun_tp2(tmp_path: Path, mode: str, learner_process: bool) -> None:
+    """fully_async and hybrid on a TP=2 megatron trainer under torchrun: rank 0 runs the learner
+    (in its own process, or with ``async_rl.learner_process`` in a child that joins the process
+    group as rank 0), producer, queue and logprob workers; the follower rank replays the backend
+    calls."""
     _, out, cfg = _tp2_run(tmp_path, steps=2)
-    cfg["mode"] = "fully_async"
-    cfg["async_rl"] = {"max_staleness": 1, "imports": ["tests.trainer.envs"]}
+    cfg["mode"] = mode
+    cfg["async_rl"] = {"max_staleness": 1, "imports": ["tests.trainer.envs"], "learner_process": learner_process}
     proc = _run(cfg, tmp_path / "run.yaml", nproc=2)
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = [r for r in _records(out) if r["phase"] == "train"]
     assert [r["step"] for r in train] == [1, 2]  # exactly one rank logs
+    assert all(r["train/grad_norm"] > 0 for r in train)
     assert train[-1]["sync/engines"] == 1  # a step's publish is logged with the next step
     assert (out / "final_model" / "config.json").is_file()
