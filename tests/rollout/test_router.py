@@ -101,3 +101,42 @@ async def test_a_few_missed_health_checks_do_not_drop_an_engine() -> None:
             assert [h.id for h in live] == [engine.id] and router.events["revived"] == 1
     finally:
         await runner.cleanup()
+
+
+async def test_an_engine_finishing_requests_stays_ready_while_its_health_answers_fail() -> None:
+    """A CPU engine deep in a large batch may miss every /health deadline while it keeps
+    returning results: finished requests count as signs of life, and only silence in both
+    marks it unhealthy."""
+    from aiohttp import web
+
+    answering = {"ok": True}
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(status=200 if answering["ok"] else 503)
+
+    async def model_info(_: web.Request) -> web.Response:
+        return web.json_response({"model_path": "m", "weight_version": None})
+
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.get("/get_model_info", model_info)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with EngineRouter([f"http://127.0.0.1:{port}"], health_interval_s=3600, health_timeout_s=1.0,
+                                unhealthy_after=2, no_engine_timeout_s=2.0) as router:
+            engine = router.engines[0]
+            assert engine.state == "ready"
+            answering["ok"] = False  # from now on every /health answer fails
+            for i in range(5):  # a result comes back between every two checks
+                handle = await router.acquire(f"episode-{i}")
+                router.release(handle, ok=True)
+                await router.check_health()
+                assert engine.state == "ready" and engine.missed_health == 0
+            for _ in range(2):  # then nothing: both signals silent
+                await router.check_health()
+            assert engine.state == "unhealthy" and router.events["marked_unhealthy"] == 1
+    finally:
+        await runner.cleanup()

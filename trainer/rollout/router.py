@@ -85,6 +85,9 @@ class EngineHandle:
     failures: int = 0
     missed_health: int = 0  # consecutive periodic health checks without an answer
     served: int = 0
+    # ``served`` at the previous periodic check: an engine that finished requests since then is
+    # alive even when its /health answer came late (a CPU engine deep in a large batch)
+    served_at_check: int = 0
     last_error: str | None = None
     added_at: float = field(default_factory=time.monotonic)
     draining_done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -395,7 +398,10 @@ class EngineRouter:
         handles = [h for h in self._engines.values() if h.state in ("ready", "draining", "unhealthy")]
         results = await asyncio.gather(*(h.client.health(timeout_s=self.health_timeout_s) for h in handles))
         changed = False
-        for handle, ok in zip(handles, results, strict=True):
+        for handle, answered in zip(handles, results, strict=True):
+            served_since = handle.served > handle.served_at_check
+            handle.served_at_check = handle.served
+            ok = answered or (served_since and handle.state != "unhealthy")
             handle.missed_health = 0 if ok else handle.missed_health + 1
             if not ok and handle.state in ("ready", "draining") and handle.missed_health >= self.unhealthy_after:
                 self.mark_unhealthy(handle, f"{handle.missed_health} health checks in a row failed")
