@@ -65,6 +65,16 @@ def describe_env(env_id: str, kwargs: dict[str, Any], max_turns: int | None) -> 
         env.close()
 
 
+#: agent kinds whose spec is ``KIND:URL``: the URL says where the model is served, not what it is
+SERVER_AGENT_KINDS = ("openai", "sglang")
+
+
+def without_endpoint(spec: str) -> str:
+    """``sglang:http://127.0.0.1:30000`` -> ``sglang``; any other spec unchanged."""
+    kind, sep, _ = spec.partition(":")
+    return kind if sep and kind in SERVER_AGENT_KINDS else spec
+
+
 @dataclass
 class EvalConfig:
     """One evaluation: the agent, the envs and how many episodes of each."""
@@ -91,9 +101,12 @@ class EvalConfig:
         return cls(**{**d, "envs": envs})
 
     def hash(self) -> str:
-        """Hash of everything that changes results (``extra`` -- labels, notes -- does not)."""
+        """Hash of everything that changes results (``extra`` -- labels, notes -- does not, nor
+        does the address of a server agent: a restarted engine on a new port serving the same
+        model, which the agent's description names, resumes the same run)."""
         d = self.to_dict()
         d.pop("extra")
+        d["agent"] = {**d["agent"], "spec": without_endpoint(str(d["agent"].get("spec", "")))}
         return canonical_hash(d)
 
     def comparability_key(self) -> str:

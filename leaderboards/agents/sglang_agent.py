@@ -56,6 +56,14 @@ class SGLangAgent(LocalChatAgent):
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    def describe(self) -> dict[str, Any]:
+        """The local encoder's identity, plus the model the server says it serves: the run's hash
+        ignores the URL (a restarted server on another port resumes the run), not the model."""
+        out = super().describe()
+        if self._server.get("model_path"):
+            out["server_model_path"] = self._server["model_path"]
+        return out
+
     def versions(self) -> dict[str, str]:
         return {f"server_{k}": str(v) for k, v in self._server.items() if v}
 

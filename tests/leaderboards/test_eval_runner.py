@@ -312,3 +312,20 @@ def test_a_killed_cli_run_resumes_to_the_uninterrupted_summary(tmp_path: Path) -
     assert resumed["run"]["episodes_resumed"] >= done - 1 and resumed["run"]["episodes_run"] <= total - done + 1
     for field in ("results", "config", "config_hash", "comparability_key", "complete"):
         assert resumed[field] == full[field], field
+
+
+def test_a_server_agents_address_is_not_part_of_the_run_hash() -> None:
+    """`--resume` against a restarted engine on another port is the same run; another model (or
+    another agent kind) is not."""
+    base = plan(agent={"spec": "sglang:http://127.0.0.1:30001", "server_model_path": "/m/a"},
+                sampling={"seed": 0}, env_ids=["lbtest/Pick-v0"], episodes=2)
+
+    def with_agent(agent: dict[str, Any]) -> str:
+        return plan(agent=agent, sampling={"seed": 0}, env_ids=["lbtest/Pick-v0"], episodes=2).hash()
+
+    assert with_agent({"spec": "sglang:http://127.0.0.1:41234", "server_model_path": "/m/a"}) == base.hash()
+    assert with_agent({"spec": "sglang:http://127.0.0.1:41234", "server_model_path": "/m/b"}) != base.hash()
+    assert with_agent({"spec": "openai:http://127.0.0.1:30001", "model": "x"}) != base.hash()
+    assert with_agent({"spec": "openai:http://[::1]:9", "model": "x"}) == with_agent(
+        {"spec": "openai:http://127.0.0.1:30001/v1", "model": "x"})
+    assert base.agent["spec"] == "sglang:http://127.0.0.1:30001"  # the record still names the address
