@@ -89,6 +89,9 @@ async def test_fully_async_logprob_workers_annotate_off_the_critical_path(tiny_m
     assert last["logprob/prox_worker_annotated"] > 0
     assert last["logprob/prox_worker_version"] == last["sync/version"]  # the worker follows every publish
     assert max(m["logprob/ref_from_worker_frac"] for m in metrics) > 0
+    # the rollout managers' counters reach the metrics (as running totals; nothing failed here)
+    assert last["rollout/failovers_total"] == 0 and last["rollout/template_errors_total"] == 0
+    assert last["rollout/requests_total"] > 0
 
 
 async def test_trainer_crash_and_resume_loses_and_repeats_nothing(tiny_model: Path, engine: Any,

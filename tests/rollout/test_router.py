@@ -140,3 +140,20 @@ async def test_an_engine_finishing_requests_stays_ready_while_its_health_answers
             assert engine.state == "unhealthy" and router.events["marked_unhealthy"] == 1
     finally:
         await runner.cleanup()
+
+
+def test_rollout_counters_fold_and_flatten_for_a_step() -> None:
+    from relax_gym.trainer.rollout.metrics import RolloutMetrics
+
+    a, b = RolloutMetrics(), RolloutMetrics()
+    a.engine_errors["EngineTimeout"] += 2
+    a.failovers = 1
+    b.engine_errors["EngineTimeout"] += 1
+    b.engine_errors["EngineError"] += 1
+    b.drift["think_dropped"] += 3
+    b.template_errors = 4
+    a.add(b)
+    m = a.step_counters()
+    assert m["rollout/engine_errors/EngineTimeout"] == 3 and m["rollout/engine_errors/EngineError"] == 1
+    assert m["rollout/failovers"] == 1 and m["rollout/template_errors"] == 4
+    assert m["rollout/drift/think_dropped"] == 3 and m["rollout/resumes"] == 0

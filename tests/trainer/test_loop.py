@@ -76,6 +76,9 @@ def test_loss_moves_and_weights_reach_the_engine(tiny_text_model: Path, tmp_path
         for m in (m1, m2):
             assert m["train/grad_norm"] > 0 and m["train/loss"] != 0 and m["adv/abs_mean"] > 0
             assert m["sync/engines"] == 1 and m["time/rollout"] > 0
+            # the rollout manager's own counters reach the step's metrics (nothing failed here)
+            assert m["rollout/failovers"] == 0 and m["rollout/template_errors"] == 0
+            assert not any(k.startswith("rollout/engine_errors/") for k in m)
             # the rollouts came from the weights the trainer had: engine and trainer agree on them
             assert m["train/rollout_gap_max"] < 1e-4
         assert (engine_now - rollout).abs().max() > 1e-2  # the engine serves new weights ...

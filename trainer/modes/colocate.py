@@ -38,6 +38,7 @@ from relax_gym.trainer.rollout.tool_metrics import tool_metrics
 from relax_gym.trainer.observability import PhaseTimer, dump_samples, plot_curves, sample_record
 from relax_gym.trainer.rollout.media_metrics import media_metrics
 from relax_gym.trainer.rollout import Trajectory
+from relax_gym.trainer.rollout.metrics import RolloutMetrics
 from relax_gym.trainer.modes.training_run import (  # re-exported: the helpers every mode uses
     RunSummary,
     TrainingRun,
@@ -133,6 +134,8 @@ class Trainer(TrainingRun):
         m: dict[str, float] = {"rollout/rounds": float(rounds), "rollout/episodes": float(len(trajs)),
                                "rollout/trained_samples": float(len(samples)),
                                "rollout/buffered_samples": float(len(self.buffer))}
+        m.update(self.rollout_counters.step_counters())
+        self.rollout_counters = RolloutMetrics()
         if trajs:
             m["rollout/success"] = float(np.mean([t.success for t in trajs]))
             m["rollout/env_reward_mean"] = float(np.mean([t.reward for t in trajs]))

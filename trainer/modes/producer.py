@@ -47,6 +47,7 @@ from relax_gym.trainer.env_errors import EnvErrorRateExceeded, EnvErrorWindow
 from relax_gym.trainer.algorithms.batching import ScoredSample, reward_inputs, select_groups
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite
 from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutManager, Trajectory
+from relax_gym.trainer.rollout.metrics import SCALAR_STEP_COUNTERS, STEP_COUNTERS
 
 from relax_gym.trainer.modes.trajectory_queue import QueuedGroup, QueuedSample
 from relax_gym.trainer.modes.reward_workers import score_with_retries
@@ -377,8 +378,11 @@ class RolloutProducer:
         out["producer/in_flight_groups"] = float(len(self._in_flight))
         out["producer/pending_groups"] = float(len(self.pending) + len(self._regen))
         out["producer/effective_groups"] = float(self.effective)
-        for k in ("resumes", "failovers", "sampled_tokens", "requests"):
+        for k in ("sampled_tokens", "requests", *SCALAR_STEP_COUNTERS):
             out[f"rollout/{k}_total"] = float(self.rollout_stats.get(k, 0))
+        for k, v in self.rollout_stats.items():  # per-kind counts: engine_errors/<type>, drift/<kind>
+            if k.split("/", 1)[0] in STEP_COUNTERS and "/" in k:
+                out[f"rollout/{k}_total"] = float(v)
         return out
 
     def take_timeline(self) -> list[tuple[float, float, int]]:

@@ -52,6 +52,7 @@ from relax_gym.trainer.engines.fleet import EngineFleet
 from relax_gym.trainer.env_errors import check_env_errors
 from relax_gym.trainer.observability import RunLogger
 from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutManager, Trajectory
+from relax_gym.trainer.rollout.metrics import RolloutMetrics
 from relax_gym.trainer.rollout.sampler import EpisodeSampler, envs_of_suite, eval_specs, register_entry_points, suite_specs
 
 log = logging.getLogger("relax_gym.trainer")
@@ -143,6 +144,8 @@ class TrainingRun:
         self.out = config.out_dir
         self.state = TrainerState()
         self.buffer: list[Trajectory] = []
+        # the rollout managers' counters since the last step logged them (see rl_step)
+        self.rollout_counters = RolloutMetrics()
         self._synced_version = 0  # backend.version the engines serve
         self.first_eval: dict[str, float] = {}
         self.last_eval: dict[str, float] = {}
@@ -280,7 +283,11 @@ class TrainingRun:
         # Episode ids depend only on the run seed and this tag, not on a random run id: a resumed
         # run names (and routes) its episodes as the uninterrupted run would.
         manager = RolloutManager(self.router, self.codec, settings, run_id=f"{self.config.seed}-{tag}")
-        return await manager.generate(specs)
+        try:
+            return await manager.generate(specs)
+        finally:
+            if not evaluation:  # the step logs them (engine errors, retries, drift): never silent
+                self.rollout_counters.add(manager.metrics)
 
     async def ensure_synced(self) -> dict[str, float]:
         """Make the engines serve the backend's current weights; returns the sync metrics."""

@@ -46,5 +46,34 @@ class RolloutMetrics:
                 out[name] = value
         return out
 
+    def step_counters(self) -> dict[str, float]:
+        """The failure and drift counters a training step logs as ``rollout/<name>`` (what the
+        trajectories themselves cannot tell: engine errors, retries, template and codec drift)."""
+        out: dict[str, float] = {}
+        for name in STEP_COUNTERS:
+            value = getattr(self, name)
+            if isinstance(value, Counter):
+                for key, count in sorted(value.items()):
+                    out[f"rollout/{name}/{key}"] = float(count)
+            else:
+                out[f"rollout/{name}"] = float(value)
+        return out
 
-__all__ = ["RolloutMetrics"]
+    def add(self, other: RolloutMetrics) -> None:
+        """Fold ``other``'s counts into this one (a step that rolled out in several rounds)."""
+        for name in self.__slots__:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if isinstance(mine, Counter):
+                mine.update(theirs)
+            else:
+                setattr(self, name, mine + theirs)
+
+
+#: the counters of :meth:`RolloutMetrics.step_counters`
+STEP_COUNTERS = ("engine_errors", "failovers", "resumes", "template_errors", "media_placeholders", "drift",
+                 "unexpected_drift", "engine_prompt_mismatch", "tools_changed", "reserved_tokens_cut")
+#: those of them that are plain counts (the others count by kind)
+SCALAR_STEP_COUNTERS = tuple(n for n in STEP_COUNTERS if n not in ("engine_errors", "drift"))
+
+
+__all__ = ["SCALAR_STEP_COUNTERS", "STEP_COUNTERS", "RolloutMetrics"]
