@@ -61,7 +61,7 @@ MEDIA_KINDS = ("image", "audio", "video")
 KEPT_SPECIAL_TAGS = frozenset({"<tool_call>", "</tool_call>", "<think>", "</think>"})
 
 
-def _hidden_special_ids(tokenizer: Any) -> frozenset[int] | None:
+def hidden_special_ids(tokenizer: Any) -> frozenset[int] | None:
     """Ids dropped from an env's text: the special ones minus :data:`KEPT_SPECIAL_TAGS`; None when
     no kept tag is special (the common case: plain ``skip_special_tokens`` decoding)."""
     special = {int(i) for i in getattr(tokenizer, "all_special_ids", []) or []}
@@ -166,7 +166,7 @@ class ChatCodec:
         self._pieces = _PieceEncoder.for_tokenizer(tokenizer, self._backend)
         self._special_kwargs = dict(getattr(tokenizer, "special_tokens_map", {}) or {})
         self._added_ids = frozenset(int(i) for i in getattr(tokenizer, "added_tokens_decoder", {}))
-        self._hidden_ids = _hidden_special_ids(tokenizer)
+        self._hidden_ids = hidden_special_ids(tokenizer)
         self._base_cache: dict[tuple[int, str], str] = {}
         self.closing_glue: list[int] = self._derive_closing_glue()
         self.assistant_prefix: str = self._derive_assistant_prefix()

@@ -239,3 +239,32 @@ def test_tool_call_tags_survive_when_the_tokenizer_marks_them_special(tmp_path: 
     assert tok.decode(ids, skip_special_tokens=True).strip().startswith("{")  # what used to reach the env
     chat = ChatContext(codec, [{"role": "user", "content": "1+?"}])
     assert chat.add_reply(ids + codec.closing_glue[:1]).action_text == call
+
+
+def test_chat_completions_parse_tool_calls_whose_tags_the_tokenizer_marks_special(tmp_path: Any) -> None:
+    """The engine's /v1/chat/completions decodes without special tokens; with a vocabulary that
+    marks ``<tool_call>`` special that erased the call, so the parser reads a re-decoded text that
+    keeps the tags (and is cut at a stop string as the plain text was)."""
+    pytest.importorskip("transformers")
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    from relax_gym.trainer.engines.chat_completions import structured_text
+    from relax_gym.trainer.engines.tool_calls import parse_tool_calls
+    from relax_gym.trainer.models import train_tiny_bpe
+
+    tok = AutoTokenizer.from_pretrained(str(train_tiny_bpe(tmp_path / "bpe")))
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    ids = list(tok.encode(call, add_special_tokens=False))
+    plain = tok.decode(ids, skip_special_tokens=True)
+    assert structured_text(tok, ids, plain, None) == plain  # tags not special: nothing to redo
+    tok.add_special_tokens({"additional_special_tokens": [AddedToken(t, special=True, normalized=False)
+                                                          for t in ("<tool_call>", "</tool_call>")]},
+                           replace_extra_special_tokens=False)
+    ids = list(tok.encode(call + " STOP more", add_special_tokens=False)) + [tok.convert_tokens_to_ids("<|endoftext|>")]
+    lost = tok.decode(ids, skip_special_tokens=True)
+    assert "<tool_call>" not in lost
+    text = structured_text(tok, ids, lost, ["STOP"])
+    assert text.strip() == call and "<|endoftext|>" not in text
+    calls, _ = parse_tool_calls(text)
+    assert [(c.name, c.arguments) for c in calls] == [("add", {"a": 1})]
