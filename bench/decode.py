@@ -1,14 +1,17 @@
 """Embedded-engine decode throughput against transformers ``generate()`` at the rollout's batch.
 
-    python bench/decode.py [--batch 32] [--tokens 24,128] [--repeats 3] [--threads 1] [--json FILE]
+    python bench/decode.py [--batch 32] [--tokens 24,128] [--repeats 3] [--threads 1]
+                           [--engines process,in_process] [--json FILE]
 
 The model is bench/modes.py's tiny random Qwen3; the prompts are the vowels task's, rendered by
 the model's chat template (what a rollout sends). Each repeat, interleaved:
 
 * **engine**: ``--batch`` concurrent ``/generate`` requests (temperature 1, ``ignore_eos``, so
   every row makes exactly ``N`` tokens) to one ``relax-gym engine serve`` process on 127.0.0.1
-  (``--threads`` torch threads); wall time from the first send to the last reply, plus the
-  engine's own counters: decode steps, prefill batches, time in forward passes, busy time;
+  (``process``, ``--threads`` torch threads) and/or to an engine in this process reached
+  without a socket (``in_process``, what colocate runs use by default); wall time from the first
+  send to the last reply, plus the engine's own counters: decode steps, prefill batches, time in
+  forward passes, busy time;
 * **generate**: the same prompts as one left-padded batch through ``model.generate`` in this
   process (``do_sample=True``, ``min_new_tokens=max_new_tokens=N``), same threads.
 
@@ -51,8 +54,10 @@ def chat_prompts(model: Path, n: int) -> list[list[int]]:
 
 async def engine_round(url: str, prompts: list[list[int]], tokens: int, seed: int) -> dict[str, float]:
     from relax_gym.protocol import EngineClient, GenerateRequest, SamplingParams
+    from relax_gym.trainer.engines.in_process import client_for, is_in_process_url
 
-    async with EngineClient(url, timeout_s=600) as client:
+    client = client_for(url, timeout_s=600) if is_in_process_url(url) else EngineClient(url, timeout_s=600)
+    async with client:
         before = await client.server_info()
         start = time.perf_counter()
         outs = await asyncio.gather(*(client.generate(GenerateRequest(
@@ -89,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="24,128")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--engines", default="process,in_process",
+                   help="engine placements to time: process (HTTP, child process) and/or in_process")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     import torch
@@ -108,30 +115,44 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     results: dict[str, Any] = {}
-    with EmbeddedEngineProcess(model_dir, threads=a.threads,
-                               extra_args=["--max-batch-size", str(max(64, a.batch))]) as engine:
-        asyncio.run(engine_round(engine.url, prompts[:2], 4, 0))  # warm-up
+    from relax_gym.trainer.engines.in_process import InProcessEngine
+
+    kinds = a.engines.split(",")
+    engines: dict[str, Any] = {}
+    if "process" in kinds:
+        engines["process"] = EmbeddedEngineProcess(model_dir, threads=a.threads,
+                                                   extra_args=["--max-batch-size", str(max(64, a.batch))])
+    if "in_process" in kinds:
+        engines["in_process"] = InProcessEngine(model_dir, max_batch_size=max(64, a.batch))
+    try:
+        for engine in engines.values():
+            engine.start()
+            asyncio.run(engine_round(engine.url, prompts[:2], 4, 0))  # warm-up
         generate_round(model, tok, prompts[:2], 4, 0)
         for n in (int(x) for x in a.tokens.split(",")):
-            rows: dict[str, list[dict[str, float]]] = {"engine": [], "generate": []}
+            names = [*engines, "generate"]
+            rows: dict[str, list[dict[str, float]]] = {k: [] for k in names}
             loads = []
             for r in range(a.repeats):
-                order = ("engine", "generate") if r % 2 == 0 else ("generate", "engine")
-                for kind in order:
+                for kind in names if r % 2 == 0 else list(reversed(names)):
                     loads.append(os.getloadavg()[0])
-                    rows[kind].append(asyncio.run(engine_round(engine.url, prompts, n, r + 1)) if kind == "engine"
-                                      else generate_round(model, tok, prompts, n, r + 1))
-            eng, gen = rows["engine"], rows["generate"]
-            med = {k: statistics.median(x[k] for x in eng) for k in eng[0]}
-            results[f"tokens_{n}"] = {
-                "engine_tok_s": med["tok_s"], "generate_tok_s": statistics.median(x["tok_s"] for x in gen),
-                "engine_wall_s": med["wall_s"], "generate_wall_s": statistics.median(x["wall_s"] for x in gen),
-                "engine_decode_steps": med["decode_steps"], "engine_prefill_batches": med["prefill_batches"],
-                "engine_forward_s": med["forward_seconds"], "engine_busy_s": med["busy_seconds"],
-                "load": [min(loads), max(loads)],
-            }
-            results[f"tokens_{n}"]["ratio"] = results[f"tokens_{n}"]["engine_tok_s"] / results[f"tokens_{n}"]["generate_tok_s"]
-            print(json.dumps({f"tokens_{n}": results[f"tokens_{n}"]}), flush=True)
+                    rows[kind].append(asyncio.run(engine_round(engines[kind].url, prompts, n, r + 1))
+                                      if kind != "generate" else generate_round(model, tok, prompts, n, r + 1))
+            gen = rows["generate"]
+            res: dict[str, Any] = {"generate_tok_s": statistics.median(x["tok_s"] for x in gen),
+                                   "generate_wall_s": statistics.median(x["wall_s"] for x in gen),
+                                   "load": [min(loads), max(loads)]}
+            for kind in engines:
+                eng = rows[kind]
+                med = {k: statistics.median(x[k] for x in eng) for k in eng[0]}
+                res[kind] = {"tok_s": med["tok_s"], "wall_s": med["wall_s"], "decode_steps": med["decode_steps"],
+                             "prefill_batches": med["prefill_batches"], "forward_s": med["forward_seconds"],
+                             "busy_s": med["busy_seconds"], "ratio": med["tok_s"] / res["generate_tok_s"]}
+            results[f"tokens_{n}"] = res
+            print(json.dumps({f"tokens_{n}": res}), flush=True)
+    finally:
+        for engine in engines.values():
+            engine.stop()
     tmp.cleanup()
     results["args"] = vars(a)
     if a.json:

@@ -64,7 +64,8 @@ def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any
     raw = modes.base_config(model, out, a.steps)
     raw["mode"] = "colocate"
     raw["threads"] = a.threads
-    raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": a.threads}  # sync: auto (the default)
+    raw["engine"] = {"kind": "embedded", "num_engines": 1, "threads": a.threads,  # sync: auto (the default)
+                     "placement": a.placement}
     raw["rollout"].update({"group_size": a.group, "prompts_per_step": a.samples // a.group,
                            "max_new_tokens": a.max_new_tokens, "max_total_tokens": a.max_new_tokens + 104,
                            "concurrency": max(64, a.samples)})
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--target", type=float, default=0.9, help="held-out success to time")
     p.add_argument("--runs", default="relax,trl")
+    p.add_argument("--placement", default="auto", choices=["auto", "process", "in_process"],
+                   help="relax-gym's engine.placement (auto: in the trainer's process for colocate)")
     p.add_argument("--timeout-s", type=float, default=3600.0)
     p.add_argument("--out", default="/tmp/bench-peers")
     p.add_argument("--json", default=None)

@@ -164,7 +164,14 @@ class EngineConfig(_Section):
     num_engines: int = Field(1, ge=1, description="embedded engines to start")
     urls: list[str] = Field(default_factory=list, description="external engine base URLs")
     api_key: str | None = Field(None, description="bearer token for the engines' control routes")
-    threads: int | None = Field(None, ge=1, description="torch threads per embedded engine")
+    threads: int | None = Field(None, ge=1, description="torch threads per embedded engine (in its own process)")
+    placement: Literal["auto", "process", "in_process"] = Field(
+        "auto",
+        description="where embedded engines run: process = a child process behind HTTP on 127.0.0.1; in_process = "
+        "the engine's scheduler thread inside the trainer, its routes called without a socket (colocate only; "
+        "engine.threads does not apply, the trainer's threads do); auto = in_process for one embedded engine in "
+        "colocate mode, process otherwise (docs/engine.md)",
+    )
     max_batch_size: int = Field(64, ge=1, description="embedded engine: requests decoded together")
     startup_timeout_s: float = Field(180.0, gt=0, description="wait this long for an engine's /health")
     sync: Literal["auto", "tensor", "disk", "distributed"] = Field(
@@ -439,7 +446,22 @@ class TrainConfig(_Section):
                 raise ValueError("model.lora is implemented by the torch backend only (train.backend: torch)")
             self._megatron_checks()
         self._async_checks()
+        if self.engine.placement == "in_process" and (self.engine.kind != "embedded" or self.mode != "colocate"
+                                                      or self.engine.sync == "distributed"):
+            raise ValueError(
+                f"engine.placement 'in_process' runs embedded engines in colocate mode with engine.sync auto, tensor or "
+                f"disk (got engine.kind {self.engine.kind!r}, mode {self.mode!r}, sync {self.engine.sync!r}): the "
+                "asynchronous modes train while the engines generate, and a broadcast group needs its two ends in "
+                "two processes (placement: process or auto)")
         return self
+
+    @property
+    def engines_in_process(self) -> bool:
+        """Whether the run's embedded engines live in the trainer's process (``engine.placement``)."""
+        e = self.engine
+        if e.kind != "embedded" or self.mode != "colocate" or e.sync == "distributed":
+            return False
+        return e.placement == "in_process" or (e.placement == "auto" and e.num_engines == 1)
 
     def _megatron_checks(self) -> None:
         """The ``megatron:`` section against its own schema (torch-free), before anything starts."""

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from relax_gym.protocol import EngineClient
+from relax_gym.trainer.engines.in_process import engine_client, is_in_process_url
 from relax_gym.trainer.config import TrainConfig, config_from_dict
 from relax_gym.trainer.modes.colocate import Trainer, train
 from relax_gym.trainer.rollout.teacher import teacher_logprobs
@@ -46,7 +46,7 @@ async def engine_and_trainer_logprobs(trainer: Trainer, trajs: list[Trajectory]
     """The sampled tokens' logprobs: at rollout time, scored by the engine now, by the trainer now."""
     from relax_gym.trainer.backends.base import SequenceBatch
 
-    client = EngineClient(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
+    client = engine_client(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
     try:
         engine = await teacher_logprobs(client, trajs)
     finally:
@@ -65,6 +65,8 @@ def test_loss_moves_and_weights_reach_the_engine(tiny_text_model: Path, tmp_path
         trainer = Trainer(loop_config(tiny_text_model, tmp_path / "run", f"engine.sync={sync}"))
         await trainer.start()
         try:
+            # auto: the engine runs in this process (one embedded engine, colocate); a broadcast needs two
+            assert is_in_process_url(trainer.fleet.urls[0]) == (sync == "auto")
             m1 = await trainer.rl_step(1)
             trained = [s.traj for s in trainer.last_samples]
             rollout, engine_now, ours_now = await engine_and_trainer_logprobs(trainer, trained)
@@ -152,7 +154,9 @@ def test_sigterm_stops_the_run_and_its_engines(tiny_text_model: Path, tmp_path: 
     import yaml
 
     root = Path(__file__).resolve().parents[2]
-    cfg = loop_config(tiny_text_model, tmp_path / "run", "train.steps=100000").model_dump(mode="json")
+    # the engine in a child process (in colocate, auto puts it in the trainer's process: nothing to leave behind)
+    cfg = loop_config(tiny_text_model, tmp_path / "run", "train.steps=100000",
+                      "engine.placement=process").model_dump(mode="json")
     cfg["data"]["envs"] = [{"id": "test/Letters-v0", "entry_point": "tests/trainer/envs.py:LetterEnv"}]
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
@@ -176,3 +180,43 @@ def test_sigterm_stops_the_run_and_its_engines(tiny_text_model: Path, tmp_path: 
     assert code == 130  # "interrupted"
     gone, alive = psutil.wait_procs(engines, timeout=30)
     assert not alive, f"engines left running: {[p.pid for p in alive]}"
+
+
+@pytest.mark.slow  # a 2-step run through the CLI (~15 s)
+def test_relax_gym_train_runs_colocate_with_the_engine_in_process(tiny_text_model: Path, tmp_path: Path) -> None:
+    """The default colocate run: no engine process is started, the rollouts come from the trainer's
+    weights (engine and trainer logprobs agree within 1e-4 after every sync) and the run ends cleanly."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = loop_config(tiny_text_model, tmp_path / "run", "checkpoint.every=0").model_dump(mode="json")
+    cfg["data"]["envs"] = [{"id": "test/Letters-v0", "entry_point": "tests/trainer/envs.py:LetterEnv"}]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "relax_gym.cli.main", "train", str(path)], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    children: set[str] = set()
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                children.update(" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True))
+            except psutil.Error:
+                pass
+            time.sleep(0.5)
+        code = proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, proc.stderr.read().decode() if proc.stderr else ""
+    assert not [c for c in children if "engine" in c], children
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["phase"] == "train"]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["sync/engines"] == 1 and r["train/rollout_gap_max"] < 1e-4

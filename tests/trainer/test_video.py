@@ -177,7 +177,7 @@ def test_config_pairing_a_video_env_with_a_text_model_fails(tmp_path: Path) -> N
 
 @pytest.mark.slow  # about 35 s: an engine process, a rollout and a step
 def test_rl_step_on_video_engine_equals_trainer(tiny_vl_model: Path, tmp_path: Path) -> None:
-    from relax_gym.protocol import EngineClient
+    from relax_gym.trainer.engines.in_process import engine_client
     from relax_gym.trainer.algorithms.batching import to_sequence_batch
     from relax_gym.trainer.config import config_from_dict
     from relax_gym.trainer.modes.colocate import Trainer
@@ -206,7 +206,7 @@ def test_rl_step_on_video_engine_equals_trainer(tiny_vl_model: Path, tmp_path: P
             assert all(t.videos[0].frames.shape[0] == 4 for t in trajs)  # 16 frames at 8 fps -> 2 fps
             # the rollout's logprobs came from the same weights and pixels the trainer saw
             assert m["train/rollout_gap_max"] < 1e-4
-            client = EngineClient(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
+            client = engine_client(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
             try:
                 engine = await teacher_logprobs(client, trajs)
             finally:

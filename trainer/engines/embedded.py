@@ -126,24 +126,16 @@ def sleeping_openmp_workers() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def serve(opts: EmbeddedOptions) -> int:
-    """Run the server until interrupted. Returns the process exit code."""
-    if not (Path(opts.model) / "config.json").is_file():  # fail before paying for torch's import
-        print(f"error: {opts.model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
-        return 2
-    sleeping_openmp_workers()
+def build_engine(opts: EmbeddedOptions) -> tuple[Any, Any]:
+    """The engine (:class:`EngineCore`, not started) and its ASGI app, as ``opts`` describe them.
+    ``serve`` puts the app behind uvicorn; the in-process engine calls it directly."""
     import torch
-    import uvicorn
 
     from relax_gym.trainer.engines.engine import EngineCore
     from relax_gym.trainer.engines.model_runner import ModelRunner
     from relax_gym.trainer.engines.server import EngineService, ServerConfig, build_app
     from relax_gym.trainer.engines.weight_receiver import WeightReceiver
 
-    logging.basicConfig(
-        level=getattr(logging, opts.log_level.upper(), logging.WARNING),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     if opts.threads:
         torch.set_num_threads(opts.threads)
     runner = ModelRunner(opts.model, dtype=opts.dtype)
@@ -176,7 +168,22 @@ def serve(opts: EmbeddedOptions) -> int:
     )
     model_elements = sum(t.numel() for t in runner.model.state_dict().values())
     receiver = WeightReceiver(opts.weight_group_timeout_s, max_receive_bytes=16 * model_elements)  # 2x in fp64
-    app = build_app(EngineService(engine, config, receiver))
+    return engine, build_app(EngineService(engine, config, receiver))
+
+
+def serve(opts: EmbeddedOptions) -> int:
+    """Run the server until interrupted. Returns the process exit code."""
+    if not (Path(opts.model) / "config.json").is_file():  # fail before paying for torch's import
+        print(f"error: {opts.model} is not a Hugging Face model folder (no config.json)", file=sys.stderr)
+        return 2
+    sleeping_openmp_workers()
+    import uvicorn
+
+    logging.basicConfig(
+        level=getattr(logging, opts.log_level.upper(), logging.WARNING),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    engine, app = build_engine(opts)
     sock = bind_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     engine.start()
@@ -228,4 +235,4 @@ def watch_parent(server: Any, interval_s: float = 1.0) -> threading.Thread:
     return thread
 
 
-__all__ = ["EmbeddedOptions", "bind_socket", "serve", "sleeping_openmp_workers", "watch_parent"]
+__all__ = ["EmbeddedOptions", "bind_socket", "build_engine", "serve", "sleeping_openmp_workers", "watch_parent"]

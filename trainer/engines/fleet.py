@@ -33,6 +33,7 @@ class EngineFleet:
     seed: int = 0
     api_key: str | None = None
     index_offset: int = 0  # engines launched later (scale-out) continue the numbering: logs, GPUs, seeds
+    in_process: bool = False  # embedded engines run in this process (trainer.engines.in_process), no HTTP
     _procs: list[Any] = field(default_factory=list)
     urls: list[str] = field(default_factory=list)
 
@@ -78,6 +79,11 @@ class EngineFleet:
             from relax_gym.trainer.engines.sglang_launcher import SGLangServer
 
             proc = SGLangServer(self._sglang_options(i))
+        elif self.in_process:
+            from relax_gym.trainer.engines.in_process import InProcessEngine
+
+            proc = InProcessEngine(self.model_path, api_key=self.api_key, seed=self.seed + i,
+                                   max_batch_size=self.config.max_batch_size, weight_version="0")
         else:
             from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 

@@ -232,7 +232,8 @@ class TrainingRun:
 
     async def _start_engines(self) -> None:
         c = self.config
-        self.fleet = EngineFleet(c.engine, self.model_path, self.out / "engines", seed=c.seed)
+        self.fleet = EngineFleet(c.engine, self.model_path, self.out / "engines", seed=c.seed,
+                                 in_process=c.engines_in_process)
         await asyncio.to_thread(self.fleet.start)
         self.router = await EngineRouter(self.fleet.urls, api_key=self.fleet.api_key,
                                          request_timeout_s=c.rollout.request_timeout_s).start()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
 from relax_gym.errors import RelaxGymError
+from relax_gym.trainer.engines.in_process import engine_client
 from relax_gym.protocol import (
     EngineClient,
     EngineClosed,
@@ -179,7 +180,7 @@ class EngineRouter:
         self._shards = max(1, -(-max_connections // max(1, connections_per_shard)))
         per_shard = -(-max_connections // self._shards)
         self._client_factory = client_factory or (
-            lambda url, n: EngineClient(url, api_key=api_key, timeout_s=request_timeout_s, max_connections=n)
+            lambda url, n: engine_client(url, api_key=api_key, timeout_s=request_timeout_s, max_connections=n)
         )
         self._per_shard = per_shard
         # brings a new or revived engine to the current weights; default: update_weights_from_disk

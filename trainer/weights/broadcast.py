@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from relax_gym.trainer.engines.in_process import engine_client
 from relax_gym.protocol import (
     EngineClient,
     EngineError,
@@ -90,7 +91,7 @@ class _Group:
         cuda = settings.backend == "nccl"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # the engines answer within their own group timeout; wait a little longer than ours
-        self.clients = [EngineClient(u, api_key=api_key, timeout_s=settings.timeout_s + 30.0) for u in self.urls]
+        self.clients = [engine_client(u, api_key=api_key, timeout_s=settings.timeout_s + 30.0) for u in self.urls]
         self.handle: GroupHandle | None = None
 
     async def open(self) -> None:

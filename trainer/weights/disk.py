@@ -14,7 +14,8 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from relax_gym.protocol import EngineClient, UpdateWeightsFromDiskRequest
+from relax_gym.trainer.engines.in_process import engine_client
+from relax_gym.protocol import UpdateWeightsFromDiskRequest
 from relax_gym.trainer.rollout import WeightSyncError
 from relax_gym.trainer.weights.transport import Delivery, WeightSource, WeightTransport, gather_failures
 
@@ -48,7 +49,7 @@ class DiskTransport(WeightTransport):
         await self._load(url, self.folder, version)
 
     async def _load(self, url: str, folder: Path, version: str) -> None:
-        async with EngineClient(url, api_key=self.api_key, timeout_s=self.timeout_s) as client:
+        async with engine_client(url, api_key=self.api_key, timeout_s=self.timeout_s) as client:
             await client.update_weights_from_disk(UpdateWeightsFromDiskRequest(model_path=str(folder),
                                                                                weight_version=version))
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from relax_gym.trainer.engines.in_process import engine_client
 from relax_gym.protocol import EngineClient, EngineError, UpdateWeightsFromTensorRequest
 from relax_gym.trainer.engines.shm_weights import SHM_LOAD_FORMAT, host_id, shm_dir, write_shm_blob
 from relax_gym.trainer.engines.weight_receiver import encode_named_tensors
@@ -75,7 +76,7 @@ class TensorTransport(WeightTransport):
         self._checked[client.base_url] = "shm" if local else "body"
 
     async def send(self, source: WeightSource, version: str, urls: Sequence[str]) -> Delivery:
-        clients = {u: EngineClient(u, api_key=self.api_key, timeout_s=self.timeout_s) for u in urls}
+        clients = {u: engine_client(u, api_key=self.api_key, timeout_s=self.timeout_s) for u in urls}
         out = Delivery()
         try:
             for client in clients.values():
