@@ -74,6 +74,25 @@ async def test_control_routes_need_the_key_and_bad_input_is_a_400(live: InProces
     assert await client.health()  # still serving
 
 
+async def test_a_caller_that_gives_up_aborts_its_request(live: InProcessEngine, client: InProcessClient) -> None:
+    before = live.engine.stats.requests_aborted
+    call = asyncio.create_task(client.generate(GenerateRequest(
+        input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=400, ignore_eos=True))))
+    for _ in range(600):  # until the engine decodes it (bounded: 60 s)
+        if live.engine.snapshot()["num_running_reqs"]:
+            break
+        await asyncio.sleep(0.1)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    for _ in range(600):
+        if live.engine.stats.requests_aborted > before and not live.engine.snapshot()["num_running_reqs"]:
+            break
+        await asyncio.sleep(0.1)
+    assert live.engine.stats.requests_aborted == before + 1
+    assert not live.engine.snapshot()["num_running_reqs"]
+
+
 async def test_the_tensor_transport_reaches_it(live: InProcessEngine, client: InProcessClient,
                                                bpe_qwen3: Path, bpe_qwen3_seed1: Path) -> None:
     for path, version in ((bpe_qwen3_seed1, "v1"), (bpe_qwen3, "0")):

@@ -127,13 +127,14 @@ def sleeping_openmp_workers() -> None:
 
 
 def build_engine(opts: EmbeddedOptions) -> tuple[Any, Any]:
-    """The engine (:class:`EngineCore`, not started) and its ASGI app, as ``opts`` describe them.
-    ``serve`` puts the app behind uvicorn; the in-process engine calls it directly."""
+    """The engine (:class:`EngineCore`, not started) and the service behind its routes, as
+    ``opts`` describe them. ``serve`` puts the service's app behind uvicorn; the in-process
+    engine calls the app (and the service's ``generate_body``) directly."""
     import torch
 
     from relax_gym.trainer.engines.engine import EngineCore
     from relax_gym.trainer.engines.model_runner import ModelRunner
-    from relax_gym.trainer.engines.server import EngineService, ServerConfig, build_app
+    from relax_gym.trainer.engines.server import EngineService, ServerConfig
     from relax_gym.trainer.engines.weight_receiver import WeightReceiver
 
     if opts.threads:
@@ -168,7 +169,7 @@ def build_engine(opts: EmbeddedOptions) -> tuple[Any, Any]:
     )
     model_elements = sum(t.numel() for t in runner.model.state_dict().values())
     receiver = WeightReceiver(opts.weight_group_timeout_s, max_receive_bytes=16 * model_elements)  # 2x in fp64
-    return engine, build_app(EngineService(engine, config, receiver))
+    return engine, EngineService(engine, config, receiver)
 
 
 def serve(opts: EmbeddedOptions) -> int:
@@ -183,7 +184,10 @@ def serve(opts: EmbeddedOptions) -> int:
         level=getattr(logging, opts.log_level.upper(), logging.WARNING),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    engine, app = build_engine(opts)
+    from relax_gym.trainer.engines.server import build_app
+
+    engine, service = build_engine(opts)
+    app = build_app(service)
     sock = bind_socket(opts.host, opts.port)
     port = sock.getsockname()[1]
     engine.start()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 from pathlib import Path
@@ -26,7 +27,18 @@ from typing import Any
 
 import httpx
 
-from relax_gym.protocol import EngineClient, EngineClosed, EngineTimeout, EngineUnavailable
+from pydantic import ValidationError
+
+from relax_gym.protocol import (
+    EngineClient,
+    EngineClosed,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
+    GenerateRequest,
+    GenerateResponse,
+    _json_body,
+)
 
 log = logging.getLogger("relax_gym.engine")
 
@@ -48,6 +60,7 @@ class InProcessEngine:
                                     weight_version=weight_version)
         self.url = f"{URL_PREFIX}{next(_ids)}"
         self.engine: Any = None
+        self.service: Any = None
         self.app: Any = None
 
     def start(self) -> None:
@@ -55,7 +68,10 @@ class InProcessEngine:
 
         if not (Path(self.opts.model) / "config.json").is_file():
             raise FileNotFoundError(f"{self.opts.model} is not a Hugging Face model folder (no config.json)")
-        self.engine, self.app = build_engine(self.opts)  # threads: the trainer's own setting
+        from relax_gym.trainer.engines.server import build_app
+
+        self.engine, self.service = build_engine(self.opts)  # threads: the trainer's own setting
+        self.app = build_app(self.service)
         self.engine.start()
         with _live_lock:
             _live[self.url] = self
@@ -106,8 +122,12 @@ def engine_client(url: str, *, api_key: str | None = None, timeout_s: float = 30
 
 class InProcessClient(EngineClient):
     """:class:`EngineClient` whose calls go to an :class:`InProcessEngine`'s routes in this event
-    loop (httpx's ASGI transport) instead of through a socket. Failures map as the HTTP client's
-    do: a stopped engine is :class:`EngineUnavailable`, a call past its timeout :class:`EngineTimeout`."""
+    loop (httpx's ASGI transport) instead of through a socket. ``generate`` -- every rollout
+    turn -- skips the ASGI layers too: the same body goes through the route's own parsing, checks
+    and submission (``EngineService.generate_body``), without the route's disconnect polling,
+    which cost more CPU than the rest of the call. Failures map as the HTTP client's do: a
+    stopped engine is :class:`EngineUnavailable`, an error reply :class:`EngineError` with the
+    route's status, a call past its timeout :class:`EngineTimeout`."""
 
     def __init__(self, engine: InProcessEngine, *, api_key: str | None = None, timeout_s: float = 300.0) -> None:
         super().__init__(engine.url, api_key=api_key, timeout_s=timeout_s, transport="httpx")
@@ -122,12 +142,46 @@ class InProcessClient(EngineClient):
         await super().aclose(grace_s=grace_s)
         await self._discard.aclose()
 
+    async def generate(self, request: GenerateRequest, *, timeout_s: float | None = None) -> GenerateResponse:
+        service = self.in_process.service
+        if service.config.protect_generation:  # the route checks the key: go through it
+            return await super().generate(request, timeout_s=timeout_s)
+        url = self.base_url + "/generate"
+        self._check_open(url)
+        body = _json_body(request)
+        assert body is not None
+        self._inflight += 1
+        self._idle_event().clear()
+        try:
+            result = await asyncio.wait_for(service.generate_body(body), timeout_s or self.timeout_s)
+        except TimeoutError:
+            raise EngineTimeout(url, "timed out") from None
+        except Exception as exc:  # noqa: BLE001 -- mapped as the route maps it
+            status, kind, message = _route_error(exc)
+            if status < 500 and status != 401:
+                service.engine.stats.bad_requests += 1
+            elif status >= 500:
+                log.error("in-process /generate failed: %s: %s", type(exc).__name__, exc)
+            detail = json.dumps({"object": "error", "error": {"message": message, "type": kind, "code": status}})
+            raise EngineError(url, f"error reply: {detail[:500]}", status) from None
+        finally:
+            self._inflight -= 1
+            if not self._inflight:
+                self._idle_event().set()
+        try:
+            return GenerateResponse.model_validate(result)
+        except ValidationError as exc:
+            raise EngineError(url, f"unparseable reply: {exc}") from None
+
+    def _check_open(self, url: str) -> None:
+        if self._closed:
+            raise EngineClosed(url, "client closed (the engine was removed); call not sent")
+        if not self.in_process.running:
+            raise EngineUnavailable(url, "the in-process engine is stopped")
+
     async def _send(self, method: str, path: str, url: str, body: bytes | None,
                     timeout_s: float | None) -> tuple[int, bytes]:
-        if not self.in_process.running:
-            if self._closed:
-                raise EngineClosed(url, "client closed (the engine was removed)")
-            raise EngineUnavailable(url, "the in-process engine is stopped")
+        self._check_open(url)
         assert self._client is not None
         kwargs: dict[str, Any] = {}
         if body is not None:
@@ -137,6 +191,17 @@ class InProcessClient(EngineClient):
         except TimeoutError:
             raise EngineTimeout(url, "timed out") from None
         return resp.status_code, resp.content
+
+
+def _route_error(exc: Exception) -> tuple[int, str, str]:
+    """(status, type, message) of the reply the ``/generate`` route gives for ``exc``."""
+    from relax_gym.trainer.engines.prepare import BadRequest, HTTPError
+
+    if isinstance(exc, HTTPError):
+        return exc.status, exc.kind, exc.message
+    if isinstance(exc, BadRequest):
+        return 400, "BadRequestError", str(exc)
+    return 500, "InternalServerError", f"{type(exc).__name__}: {exc}"
 
 
 __all__ = ["URL_PREFIX", "InProcessClient", "InProcessEngine", "client_for", "engine_client", "is_in_process_url"]

@@ -371,6 +371,15 @@ class EngineService:
         """
         body = await request.body()
         request.state.body_bytes = len(body)
+        return await self.decode_body(body, model, precheck)
+
+    async def decode_body(
+        self,
+        body: bytes,
+        model: type[BaseModel] | None,
+        precheck: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """:meth:`parse` of a body already read (small inline, large in the heavy lane)."""
         if len(body) <= self.config.small_body_bytes:
             return _decode(body, model, precheck)
         async with self.heavy_lane():
@@ -465,7 +474,14 @@ class EngineService:
                     triple[2] = decode([int(triple[1])])
 
     async def _wait(self, fut: asyncio.Future[Any], rid: str, request: Request | None) -> Any:
-        """Await the result; abort the request if the client goes away (as SGLang does)."""
+        """Await the result; abort the request if the client goes away (as SGLang does), or, for a
+        caller in this process (no ``request``), if the awaiting task is cancelled."""
+        if request is None:
+            try:
+                return await fut
+            except asyncio.CancelledError:
+                self.engine.abort(rid, "the caller gave up")
+                raise
         while True:
             done, _ = await asyncio.wait({fut}, timeout=self.config.disconnect_poll_s)
             if done:
@@ -480,6 +496,20 @@ class EngineService:
         )
         prepared = await self.prepare(req, heavy=self.is_heavy(request, req))
         return JSONResponse(await self.submit(req, prepared, request))
+
+    async def generate_body(self, body: bytes) -> dict[str, Any]:
+        """``/generate`` for a caller in this process (:mod:`.in_process`): the route's parsing,
+        checks and submission, without a socket and without polling for a disconnect (a caller
+        that gives up cancels the awaiting task, which aborts the request). Token ids without
+        media are prepared inline: their checks cost microseconds, less than a thread hop."""
+        req = await self.decode_body(body, GenerateRequest,
+                                     lambda data: check_raw_generate(data, self.runner, self.limits))
+        heavy = bool(req.image_data or req.video_data) or len(body) > self.config.small_body_bytes
+        if req.input_ids is not None and not heavy:
+            prepared = prepare_prompt(req, self.runner, self.limits)
+        else:
+            prepared = await self.prepare(req, heavy=heavy)
+        return await self.submit(req, prepared, None)
 
 
 def _package_version() -> str:
