@@ -72,6 +72,9 @@ def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any
     raw["train"].update({"micro_batch_size": a.samples})
     raw["eval"] = {"every": a.eval_every, "episodes": 64, "at_start": True}
     raw["checkpoint"]["export_hf"] = True  # out/final_model, for the common evaluation
+    if a.eval_every <= 0:  # timing only (bench/scale.py): one held-out episode at the end, no export
+        raw["eval"] = {"every": 0, "episodes": 1, "at_start": False}
+        raw["checkpoint"]["export_hf"] = False
     return raw
 
 
@@ -109,7 +112,7 @@ def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict
             heldout: list[dict[str, Any]]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     spec = {"model": str(model), "out": str(out), "seed": 11, "threads": a.threads, "reward": "vowels",
-            "train": train_rows, "heldout": heldout, "eval_every": a.eval_every,
+            "train": train_rows, "heldout": heldout, "eval_every": a.eval_every, "eval_at_start": a.eval_every > 0,
             "hp": {"steps": a.steps, "lr": 1e-3, "samples_per_step": a.samples, "group_size": a.group,
                    "max_new_tokens": a.max_new_tokens}}
     (out / "spec.json").write_text(json.dumps(spec))
