@@ -10,7 +10,7 @@ from relax_gym.trainer.backends.megatron.vl import mrope_position_ids
 
 from tests.megatron import tiny_models
 
-IMG, START, END = 500, 502, 503
+IMG, VID, START, END = 500, 501, 502, 503
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,40 @@ def test_position_ids_reject_mismatched_image_runs() -> None:
         mrope_position_ids(torch.tensor([[1, 2]]), IMG, torch.tensor([[1, 4, 6]]), 2)
     with pytest.raises(MegatronBridgeError, match="more image runs"):
         mrope_position_ids(ids, IMG, None, 2)
+
+
+def _video(frames: int, pads: int) -> list[int]:
+    """Qwen3-VL's layout of one video: per temporal patch a stamp (text), start, pads, end."""
+    out = [START]
+    for k in range(frames):
+        out += [10 + k, 11, START] + [VID] * pads + [END]
+    return out + [END]
+
+
+def test_position_ids_match_transformers_with_videos_images_and_padding(hf_vl_model) -> None:  # type: ignore[no-untyped-def]
+    videos = torch.tensor([[2, 4, 6], [3, 2, 4], [1, 6, 4]])  # per temporal patch: 6, 2, 6 pads
+    images = torch.tensor([[1, 2, 2]])
+    row0 = [1, 2, *_video(2, 6), 3, START, IMG, END, *_video(3, 2), 4]
+    row1 = [7, *_video(1, 6), 8, 9]
+    seq = max(len(row0), len(row1))
+    ids = torch.tensor([row0 + [0] * (seq - len(row0)), row1 + [0] * (seq - len(row1))])
+    mask = (torch.arange(seq)[None] < torch.tensor([[len(row0)], [len(row1)]])).long()
+    ours = mrope_position_ids(ids, IMG, images, 2, attention_mask=mask, video_token_id=VID, video_grid_thw=videos)
+    types = (ids == IMG).int() + 2 * (ids == VID).int()
+    ref, _ = hf_vl_model.get_rope_index(ids, types, images, videos, attention_mask=mask)
+    assert torch.equal(ours, ref)
+    as_text = mrope_position_ids(ids, IMG, images, 2, attention_mask=mask)  # the video pads read as text
+    assert not torch.equal(as_text, ref)
+
+
+def test_position_ids_reject_mismatched_video_runs() -> None:
+    ids = torch.tensor([[1, *_video(2, 6)]])
+    with pytest.raises(MegatronBridgeError, match="needs 4"):
+        mrope_position_ids(ids, IMG, None, 2, video_token_id=VID, video_grid_thw=torch.tensor([[2, 4, 4]]))
+    with pytest.raises(MegatronBridgeError, match="more video runs"):
+        mrope_position_ids(ids, IMG, None, 2, video_token_id=VID, video_grid_thw=torch.tensor([[1, 4, 6]]))
+    with pytest.raises(MegatronBridgeError, match="video_grid_thw has more rows"):
+        mrope_position_ids(ids, IMG, None, 2, video_token_id=VID, video_grid_thw=torch.tensor([[3, 4, 6]]))
 
 
 def test_interleaved_frequencies_match_transformers_rotary(hf_vl_model) -> None:  # type: ignore[no-untyped-def]

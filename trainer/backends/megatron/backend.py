@@ -200,6 +200,7 @@ class MegatronBackend(TrainerBackend):
             self.gpt = module.language_model
             self._vision = {
                 "image_token_id": int(self.hf_config.image_token_id),
+                "video_token_id": int(self.hf_config.video_token_id),
                 "spatial_merge_size": int(self.hf_config.vision_config.spatial_merge_size),
             }
         else:
@@ -291,6 +292,8 @@ class MegatronBackend(TrainerBackend):
                 position_ids=packed.position_ids,
                 pixel_values=packed.multimodal.get("pixel_values"),
                 image_grid_thw=packed.multimodal.get("image_grid_thw"),
+                pixel_values_videos=packed.multimodal.get("pixel_values_videos"),
+                video_grid_thw=packed.multimodal.get("video_grid_thw"),
                 attention_mask=packed.attention_mask,
             )
             return out

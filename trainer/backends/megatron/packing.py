@@ -71,8 +71,9 @@ def pack_rows(
 ) -> PackedRow:
     """Pack ``input_ids[r]`` for ``r`` in ``rows``; ``vision`` = Qwen3-VL's token facts.
 
-    ``vision`` holds ``image_token_id`` and ``spatial_merge_size``; with it, positions are
-    3-D and each sequence's ``pixel_values`` / ``image_grid_thw`` are concatenated in order.
+    ``vision`` holds ``image_token_id``, ``spatial_merge_size`` and (optional)
+    ``video_token_id``; with it, positions are 3-D and each sequence's ``pixel_values`` /
+    ``image_grid_thw`` (and ``pixel_values_videos`` / ``video_grid_thw``) are concatenated in order.
     """
     lengths = [len(input_ids[r]) for r in rows]
     ids = torch.tensor([t for r in rows for t in input_ids[r]], dtype=torch.long)[None]
@@ -88,6 +89,9 @@ def pack_rows(
     )
 
 
+MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
 def _positions(
     input_ids: list[list[int]], rows: list[int], multimodal: list[dict[str, Tensor]],
     vision: dict[str, int] | None,
@@ -101,6 +105,8 @@ def _positions(
             vision["image_token_id"],
             multimodal[r].get("image_grid_thw"),
             vision["spatial_merge_size"],
+            video_token_id=vision.get("video_token_id"),
+            video_grid_thw=multimodal[r].get("video_grid_thw"),
         )
         for r in rows
     ]
@@ -109,12 +115,12 @@ def _positions(
 def _images(
     rows: list[int], multimodal: list[dict[str, Tensor]], device: torch.device | str
 ) -> dict[str, Tensor]:
-    unknown = {k for r in rows for k in multimodal[r]} - {"pixel_values", "image_grid_thw"}
+    unknown = {k for r in rows for k in multimodal[r]} - set(MEDIA_KEYS)
     if unknown:
         raise ValueError(f"unsupported multimodal inputs for Megatron Qwen3-VL: {sorted(unknown)} (the bridge takes "
-                         "images only; video needs backend: torch, see docs/megatron.md)")
+                         f"{', '.join(MEDIA_KEYS)}; see docs/megatron.md)")
     mm: dict[str, Tensor] = {}
-    for key in ("pixel_values", "image_grid_thw"):
+    for key in MEDIA_KEYS:
         values = [multimodal[r][key] for r in rows if key in multimodal[r]]
         if values:
             mm[key] = torch.cat(values, dim=0).to(device)
@@ -138,7 +144,8 @@ def pad_batch(
     """
     lengths = [len(input_ids[r]) for r in rows]
     width = max(lengths)
-    pad_id = 0 if not vision or vision["image_token_id"] != 0 else 1
+    reserved = {v for k, v in (vision or {}).items() if k.endswith("token_id")}
+    pad_id = min(set(range(len(reserved) + 1)) - reserved)  # never a pad the vision merge counts
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, : lengths[i]] = torch.tensor(input_ids[r], dtype=torch.long)

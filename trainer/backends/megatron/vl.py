@@ -6,13 +6,14 @@ torch module, replicated on every TP rank of the first pipeline stage (it is sma
 decoder). The glue is what Qwen3-VL itself does:
 
 - the vision tower turns ``pixel_values`` into one embedding per merged patch; those are
-  scattered into the ``<|image_pad|>`` positions of the token embeddings;
+  scattered into the ``<|image_pad|>`` positions of the token embeddings, and likewise
+  ``pixel_values_videos`` (with ``video_grid_thw``) into the ``<|video_pad|>`` positions;
 - its DeepStack features (from intermediate vision layers) are added to the hidden states of
   the first decoder layers at the same positions (forward hooks on those layers);
 - position ids are 3-D (temporal, height, width): text tokens advance all three together, an
-  image's tokens get its (t, h, w) grid coordinates (``mrope_position_ids``).
-
-Images are supported; videos are not wired yet and are rejected with a clear error.
+  image's tokens get its (t, h, w) grid coordinates (``mrope_position_ids``). A video is one
+  run of pads per temporal patch (the runs are separated by their ``<T seconds>`` stamps), and
+  each run is placed like a one-frame image, as transformers' ``get_rope_index`` does.
 """
 
 from __future__ import annotations
@@ -35,48 +36,64 @@ from relax_gym.trainer.backends.megatron.sources import TensorSource
 VISION_PREFIX = "model.visual."
 
 
+def _frame_grids(video_grid_thw: torch.Tensor | None) -> list[list[int]]:
+    """Each video's ``(t, h, w)`` as ``t`` one-frame grids: Qwen3-VL stamps every temporal
+    patch with its time, so each is its own run of pads."""
+    if video_grid_thw is None:
+        return []
+    return [[1, h, w] for t, h, w in video_grid_thw.tolist() for _ in range(t)]
+
+
 def mrope_position_ids(
     input_ids: torch.Tensor,
     image_token_id: int,
     image_grid_thw: torch.Tensor | None,
     spatial_merge_size: int,
     attention_mask: torch.Tensor | None = None,
+    *,
+    video_token_id: int | None = None,
+    video_grid_thw: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Qwen3-VL's ``[3, batch, seq]`` (t, h, w) position ids for a batch with images.
+    """Qwen3-VL's ``[3, batch, seq]`` (t, h, w) position ids for a batch with images and videos.
 
     Text tokens take ``current, current, current`` and advance by one. An image run starts at
     ``current`` and spans its merged grid: ``t = current + frame``, ``h = current + row``,
-    ``w = current + col``; afterwards ``current`` advances by ``max(rows, cols)``. Padding
-    (``attention_mask == 0``) gets position 0 and is skipped, as in transformers.
+    ``w = current + col``; afterwards ``current`` advances by ``max(rows, cols)``. A video's
+    temporal patches are separate runs of ``<|video_pad|>``, each placed as a one-frame image.
+    Padding (``attention_mask == 0``) gets position 0 and is skipped, as in transformers.
     """
     batch, seq = input_ids.shape
     positions = torch.zeros(3, batch, seq, dtype=torch.long, device=input_ids.device)
-    grids = iter(image_grid_thw.tolist()) if image_grid_thw is not None else iter(())
+    grids = {
+        1: iter(image_grid_thw.tolist()) if image_grid_thw is not None else iter(()),
+        2: iter(_frame_grids(video_grid_thw)),
+    }
+    names = {1: ("image", "<|image_pad|>", "image_grid_thw"), 2: ("video", "<|video_pad|>", "video_grid_thw")}
     for b in range(batch):
         valid = (
             attention_mask[b].bool()
             if attention_mask is not None
             else torch.ones(seq, dtype=torch.bool, device=input_ids.device)
         )
-        is_image = (input_ids[b][valid] == image_token_id).tolist()
+        row = input_ids[b][valid].tolist()
+        kinds = [1 if t == image_token_id else 2 if t == video_token_id else 0 for t in row]
         pieces: list[torch.Tensor] = []
         current = 0
-        for image, run in itertools.groupby(is_image):
+        for kind, run in itertools.groupby(kinds):
             length = len(list(run))
-            if not image:
+            if not kind:
                 pieces.append(torch.arange(current, current + length).expand(3, -1))
                 current += length
                 continue
+            what, pad, key = names[kind]
             try:
-                t, h, w = next(grids)
+                t, h, w = next(grids[kind])
             except StopIteration:
-                raise MegatronBridgeError(
-                    "more image runs in input_ids than image_grid_thw rows"
-                ) from None
+                raise MegatronBridgeError(f"more {what} runs in input_ids than {key} rows") from None
             gh, gw = h // spatial_merge_size, w // spatial_merge_size
             if t * gh * gw != length:
                 raise MegatronBridgeError(
-                    f"an image run has {length} <|image_pad|> tokens but its grid {t}x{h}x{w} "
+                    f"an {what} run has {length} {pad} tokens but its grid {t}x{h}x{w} "
                     f"needs {t * gh * gw} (= t*h*w / merge_size**2)"
                 )
             tt, hh, ww = torch.meshgrid(
@@ -86,8 +103,9 @@ def mrope_position_ids(
             current += max(gh, gw)
         if pieces:
             positions[:, b, valid] = torch.cat(pieces, dim=1).to(positions.device)
-    if next(grids, None) is not None:
-        raise MegatronBridgeError("image_grid_thw has more rows than image runs in input_ids")
+    for kind, (what, _, key) in names.items():
+        if next(grids[kind], None) is not None:
+            raise MegatronBridgeError(f"{key} has more rows than {what} runs in input_ids")
     return positions
 
 
@@ -109,6 +127,7 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
         super().__init__(config=config)
         self.dims = dims
         self.image_token_id = int(hf_config.image_token_id)
+        self.video_token_id = int(hf_config.video_token_id)
         self.spatial_merge_size = int(hf_config.vision_config.spatial_merge_size)
         self.language_model = build_gpt_model(self.dims, cfg, config=config)
         self.model_type = self.language_model.model_type  # read by Megatron's schedules
@@ -156,6 +175,7 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
         padding_mask: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         pixel_values_videos: torch.Tensor | None = None,
+        video_grid_thw: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Vocab-parallel logits ``[b, s, vocab/tp]`` (or hidden states on non-last stages).
 
@@ -164,8 +184,6 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
         attention). ``attention_mask`` is Megatron's bool ``[b, 1, s, s]`` (True = blocked),
         e.g. block-diagonal for packed sequences; None means causal.
         """
-        if pixel_values_videos is not None:
-            raise MegatronBridgeError("video inputs are not supported by the Megatron Qwen3-VL yet")
         if position_ids is None:
             position_ids = mrope_position_ids(
                 input_ids,
@@ -173,15 +191,23 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
                 image_grid_thw,
                 self.spatial_merge_size,
                 padding_mask,
+                video_token_id=self.video_token_id,
+                video_grid_thw=video_grid_thw,
             )
         decoder_input = None
         self._deepstack = None
         if self.pre_process:
             decoder_input = self.language_model.embedding(input_ids=input_ids, position_ids=None)
-            if pixel_values is not None:
-                decoder_input = self._merge_images(
-                    input_ids, decoder_input, pixel_values, image_grid_thw
+            media = [
+                (pixels, grid, token, name)
+                for pixels, grid, token, name in (
+                    (pixel_values, image_grid_thw, self.image_token_id, "image"),
+                    (pixel_values_videos, video_grid_thw, self.video_token_id, "video"),
                 )
+                if pixels is not None
+            ]
+            if media:
+                decoder_input = self._merge_media(input_ids, decoder_input, media)
         try:
             logits: torch.Tensor = self.language_model(
                 input_ids, position_ids, attention_mask, decoder_input=decoder_input
@@ -190,29 +216,48 @@ class Qwen3VLMegatron(MegatronModule):  # type: ignore[misc]
         finally:
             self._deepstack = None
 
-    def _merge_images(
+    def _merge_media(
         self,
         input_ids: torch.Tensor,
         embeds: torch.Tensor,
-        pixel_values: torch.Tensor,
-        image_grid_thw: torch.Tensor | None,
+        media: list[tuple[torch.Tensor, torch.Tensor | None, int, str]],
     ) -> torch.Tensor:
+        """Scatter each modality's vision embeddings into its pad positions and keep the
+        DeepStack features of all visual positions, in their order in the ``[b, s]`` batch
+        (images and videos interleaved as HF's ``visual_pos_masks`` orders them)."""
         assert self.visual is not None
-        if image_grid_thw is None:
-            raise MegatronBridgeError("pixel_values need image_grid_thw")
-        out = self.visual(
-            pixel_values.to(self.visual.dtype), grid_thw=image_grid_thw, return_dict=True
-        )
-        image_embeds = out.pooler_output
-        mask = input_ids == self.image_token_id  # [b, s]
-        if int(mask.sum()) != image_embeds.shape[0]:
-            raise MegatronBridgeError(
-                f"{int(mask.sum())} <|image_pad|> tokens but the vision tower produced "
-                f"{image_embeds.shape[0]} embeddings; expand each pad to grid.prod() // merge**2"
-            )
         by_batch = embeds.transpose(0, 1)  # [s, b, h] -> [b, s, h]
-        by_batch = by_batch.masked_scatter(mask.unsqueeze(-1), image_embeds.to(by_batch.dtype))
-        self._deepstack = (mask, list(out.deepstack_features))
+        masks: list[torch.Tensor] = []
+        features: list[list[torch.Tensor]] = []
+        for pixels, grid, token_id, name in media:
+            if grid is None:
+                key = "image_grid_thw" if name == "image" else "video_grid_thw"
+                raise MegatronBridgeError(f"{name} pixel values need {key}")
+            out = self.visual(pixels.to(self.visual.dtype), grid_thw=grid, return_dict=True)
+            vision_embeds = out.pooler_output
+            mask = input_ids == token_id  # [b, s]
+            if int(mask.sum()) != vision_embeds.shape[0]:
+                raise MegatronBridgeError(
+                    f"{int(mask.sum())} <|{name}_pad|> tokens but the vision tower produced "
+                    f"{vision_embeds.shape[0]} embeddings; expand each pad to grid.prod() // merge**2"
+                )
+            by_batch = by_batch.masked_scatter(mask.unsqueeze(-1), vision_embeds.to(by_batch.dtype))
+            masks.append(mask)
+            features.append(list(out.deepstack_features))
+        joint = masks[0]
+        for mask in masks[1:]:
+            joint = joint | mask
+        levels = []
+        for level in range(len(features[0])):
+            if len(masks) == 1:
+                levels.append(features[0][level])
+                continue
+            first = features[0][level]
+            merged = first.new_zeros(int(joint.sum()), first.shape[-1])
+            for mask, feats in zip(masks, features, strict=True):
+                merged[mask[joint]] = feats[level].to(merged.dtype)
+            levels.append(merged)
+        self._deepstack = (joint, levels)
         return by_batch.transpose(0, 1).contiguous()
 
     def load_hf(self, source: TensorSource) -> int:
