@@ -36,7 +36,7 @@ def _register(radius: tuple[int, int], as_image: bool) -> str:
     import relax_gym
     from PIL import Image
     from relax_gym.envs._base import Task
-    from relax_gym.types import ImagePart, VideoPart
+    from relax_gym.types import ImagePart
 
     spec = importlib.util.spec_from_file_location("colour_order_env", ROOT / "examples" / "colour_order_env.py")
     assert spec is not None and spec.loader is not None
