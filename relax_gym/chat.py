@@ -46,9 +46,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from relax_gym.audio import AudioSupport, audio_payload, collapse_audio_tokens
 from relax_gym.errors import RelaxGymError
 from relax_gym.media import image_to_data_url
-from relax_gym.types import ImagePart, VideoPart
+from relax_gym.types import AudioPart, ImagePart, VideoPart
 from relax_gym.video import VideoSupport, collapse_video_text, expand_video_tokens, video_payload
 from relax_gym.vision import VisionInputError, collapse_image_tokens, expand_image_tokens, image_token_count
 
@@ -142,6 +143,7 @@ class Rendered:
     video_grids: list[list[int]] = field(default_factory=list)
     video_spans: list[tuple[int, int]] = field(default_factory=list)  # each video's tokens in ``ids``
     video_reduced: list[str] = field(default_factory=list)  # what sampling reduced ("fps", "frames", ...)
+    audios: list[AudioPart] = field(default_factory=list)  # canonical 16 kHz clips, as the model hears them
 
 
 class ChatCodec:
@@ -154,8 +156,10 @@ class ChatCodec:
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         vision: VisionSupport | None = None,
+        audio: AudioSupport | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.audio = audio  # an omni model's feature extractor and audio markers (relax_gym.audio)
         self.chat_template = chat_template or tokenizer.chat_template
         if not self.chat_template:
             raise TemplateError("the tokenizer has no chat template; pass chat_template=")
@@ -173,7 +177,7 @@ class ChatCodec:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, template_kwargs: dict[str, Any] | None = None,
-                        video: Any | None = None) -> ChatCodec:
+                        video: Any | None = None, audio: Any | None = None) -> ChatCodec:
         """Load the tokenizer (and for a Qwen-VL folder, its image processor) saved beside a model."""
         from transformers import AutoConfig, AutoTokenizer
 
@@ -189,7 +193,10 @@ class ChatCodec:
             image_processor = load_image_processor(folder)
             vision = VisionSupport(image_processor, tokens.image_token_id, tokens.merge_size, reserved,
                                    video=_video_support(folder, image_processor, tokens.video_token_id, video))
-        return cls(tokenizer, template_kwargs=template_kwargs, vision=vision)
+        audio_support = _audio_support(folder, tokenizer, audio)
+        if audio_support is not None and vision is not None:  # the trainer's batches find it beside the images'
+            vision.image_processor.relax_audio_extractor = audio_support.extractor
+        return cls(tokenizer, template_kwargs=template_kwargs, vision=vision, audio=audio_support)
 
     # -- primitives -------------------------------------------------------------------------------
     def render(self, messages: Sequence[dict[str, Any]], *, tools: Sequence[dict[str, Any]] | None = None,
@@ -243,7 +250,9 @@ class ChatCodec:
     def takes(self, kind: str) -> bool:
         """Can a ``kind`` content part become tokens? Text always; an image with an image processor
         (its placeholder is expanded to the image's patch count); a video with Qwen3-VL's video
-        support (:mod:`relax_gym.video`); audio never here."""
+        support (:mod:`relax_gym.video`); audio with an omni model's (:mod:`relax_gym.audio`)."""
+        if kind == "audio":
+            return self.audio is not None
         if kind == "video":
             return self.vision is not None and self.vision.video is not None
         return kind == "text" or (kind == "image" and self.vision is not None)
@@ -252,7 +261,8 @@ class ChatCodec:
     def reserved_ids(self) -> frozenset[int]:
         """Vision markers the model must never emit (empty for a text model): generation stops at
         them (``stop_token_ids``) and :meth:`first_reserved` cuts a segment before one."""
-        return self.vision.reserved_ids if self.vision is not None else frozenset()
+        ids = self.vision.reserved_ids if self.vision is not None else frozenset()
+        return ids | self.audio.tokens.reserved if self.audio is not None else ids
 
     def first_reserved(self, ids: Sequence[int]) -> int | None:
         """Index of the first reserved id in generated ``ids``, else None."""
@@ -306,8 +316,26 @@ class ChatCodec:
                              if isinstance(p, dict) and p.get("type") == "video")
         return clips
 
-    def _tokenize_rendered(self, text: str, images: list[Any], videos: list[tuple[Any, float]] | None = None) -> Rendered:
+    @staticmethod
+    def audios_of(messages: Sequence[dict[str, Any]]) -> list[tuple[Any, int]]:
+        """``(waveform, sample_rate)`` of the audio parts of ``messages`` in render order."""
+        return [(p["audio"], int(p.get("sampling_rate") or 16000)) for msg in messages
+                if isinstance(msg.get("content"), list)
+                for p in msg["content"] if isinstance(p, dict) and p.get("type") == "audio"]
+
+    def _tokenize_rendered(self, text: str, images: list[Any], videos: list[tuple[Any, float]] | None = None,
+                           audios: list[tuple[Any, int]] | None = None) -> Rendered:
         ids = self.encode(text)
+        canonical: list[AudioPart] = []
+        if audios and self.audio is not None:  # a corrupt or over-budget clip: MediaError, the episode ends
+            from relax_gym.audio import AudioInputError, expand_audio_tokens
+
+            prepared = self.audio.prepare(audios)
+            try:
+                ids, _ = expand_audio_tokens(ids, prepared.counts, self.audio.audio_token_id)
+            except AudioInputError as exc:
+                raise TemplateError(str(exc)) from None
+            canonical = [AudioPart(w, 16000) for w in prepared.waves]
         grids: list[list[int]] = []
         if images:
             if self.vision is None:
@@ -318,7 +346,7 @@ class ChatCodec:
                 ids = expand_image_tokens(ids, counts, self.vision.image_token_id)
             except VisionInputError as exc:
                 raise TemplateError(str(exc)) from None
-        rendered = Rendered(ids, text, list(images), grids)
+        rendered = Rendered(ids, text, list(images), grids, audios=canonical)
         if videos:
             self._add_videos(rendered, videos)
         return rendered
@@ -341,7 +369,8 @@ class ChatCodec:
         """The initial context: ``messages`` rendered with the generation prompt, image pads
         expanded to each image's patch count."""
         text = self.render(messages, tools=tools, add_generation_prompt=True)
-        return self._tokenize_rendered(text, self.images_of(messages), self.videos_of(messages))
+        return self._tokenize_rendered(text, self.images_of(messages), self.videos_of(messages),
+                                       self.audios_of(messages))
 
     def _derive_closing_glue(self) -> list[int]:
         msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}]
@@ -398,7 +427,7 @@ class ChatCodec:
                 continue
             if full.startswith(base_text):
                 return self._tokenize_rendered(full[len(base_text):], self.images_of(new_messages),
-                                               self.videos_of(new_messages))
+                                               self.videos_of(new_messages), self.audios_of(new_messages))
             errors.append(f"base {idx}: prefix property does not hold")
         raise TemplateError("cannot render the observation as a delta: " + "; ".join(errors))
 
@@ -460,7 +489,8 @@ class ChatCodec:
                            detail=_first_diff(ours, plain))
 
     def _collapse_images(self, ids: Sequence[int]) -> list[int]:
-        return collapse_image_tokens(ids, self.vision.image_token_id if self.vision is not None else None)
+        ids = collapse_image_tokens(ids, self.vision.image_token_id if self.vision is not None else None)
+        return collapse_audio_tokens(ids, self.audio.audio_token_id) if self.audio is not None else ids
 
     def _first_token_mismatch(self, context_ids: Sequence[int], text: str) -> int | None:
         ref = self.encode(text)
@@ -508,6 +538,8 @@ class ChatContext:
         self.video_payloads: list[str] = []
         self.video_spans: list[tuple[int, int]] = []  # each video's expanded tokens in ``ids``
         self.video_reduced: list[str] = []
+        self.audios: list[AudioPart] = []  # canonical clips; ``audio_payloads`` decode to exactly these
+        self.audio_payloads: list[str] = []
         self._generation_prompt_at = (0, 0)  # (len(ids), len(messages)) at the last generation prompt
         self.extend(codec.prompt(first, self.tools), first)
         self.prompt_length = len(self.ids)
@@ -529,6 +561,8 @@ class ChatContext:
             self.video_payloads.append(video_payload(clip.frames, clip.fps))
             self.video_spans.append((offset + start, offset + end))
         self.video_reduced.extend(rendered.video_reduced)
+        self.audios.extend(rendered.audios)
+        self.audio_payloads.extend(audio_payload(a.waveform) for a in rendered.audios)
         self._generation_prompt_at = (len(self.ids), len(self.messages))
 
     def observation(self, messages: Sequence[dict[str, Any]]) -> Rendered:
@@ -688,6 +722,21 @@ def _video_support(folder: Path, image_processor: Any, video_token_id: int, samp
 
     return VideoSupport(VideoProcessor.from_image_processor(image_processor), sampling or VideoSampling(),
                         int(video_token_id))
+
+
+def _audio_support(folder: Path, tokenizer: Any, sampling: Any | None) -> AudioSupport | None:
+    """Audio support for an omni folder (the Qwen3-Omni thinker); None for any other model."""
+    try:
+        model_type = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return None
+    from relax_gym.audio import OMNI_MODEL_TYPES
+
+    if model_type not in OMNI_MODEL_TYPES:
+        return None
+    from transformers import AutoConfig
+
+    return AudioSupport.from_folder(folder, AutoConfig.from_pretrained(str(folder)), tokenizer, sampling)
 
 
 def _placeholder(part: dict[str, Any]) -> str:

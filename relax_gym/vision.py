@@ -66,10 +66,16 @@ class VisionInputs:
     image_grid_thw: Any | None = None  # torch.LongTensor [num_images, 3]
     pixel_values_videos: Any | None = None  # torch.Tensor [num_video_patches, patch_dim]
     video_grid_thw: Any | None = None  # torch.LongTensor [num_videos, 3]
+    input_features: Any | None = None  # omni audio: torch.Tensor [num_audios, mel, frames] (relax_gym.audio)
+    feature_attention_mask: Any | None = None  # torch.LongTensor [num_audios, frames]
 
     @property
     def num_images(self) -> int:
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
+
+    @property
+    def num_audios(self) -> int:
+        return 0 if self.input_features is None else int(self.input_features.shape[0])
 
     @property
     def num_videos(self) -> int:

@@ -80,11 +80,13 @@ class _Section(BaseModel):
 class TinyModelSpec(_Section):
     """A tiny random model built from a config with ``relax_gym.trainer.models.build_tiny_model``."""
 
-    kind: Literal["qwen3", "qwen3_vl", "llama", "qwen2"] = Field("qwen3_vl", description="architecture to build")
+    kind: Literal["qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2"] = Field(
+        "qwen3_vl", description="architecture to build (qwen3_omni: the Qwen3-Omni thinker, audio + image + text)")
     seed: int = Field(0, ge=0, description="weight initialisation seed")
     tokenizer: Literal["qwen3", "tiny-bpe"] = Field("qwen3", description="the real Qwen3 tokenizer or a tiny BPE")
     text: dict[str, Any] = Field(default_factory=dict, description="text-config overrides (hidden_size, ...)")
     vision: dict[str, Any] = Field(default_factory=dict, description="Qwen3-VL vision-config overrides")
+    audio: dict[str, Any] = Field(default_factory=dict, description="Qwen3-Omni audio-encoder overrides")
     image_min_pixels: int = Field(32 * 32, ge=1, description="image processor's minimum pixels")
     image_max_pixels: int = Field(256 * 256, ge=1, description="image processor's maximum pixels (resize bound)")
 
@@ -474,6 +476,12 @@ class TrainConfig(_Section):
         except ValidationError as exc:
             problems = "; ".join(f"megatron.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
             raise ValueError(problems) from None
+        from relax_gym.trainer.backends.megatron.config import omni_refusal
+        from relax_gym.trainer.modality_check import model_type
+
+        refusal = omni_refusal(model_type(self)[0])
+        if refusal is not None:
+            raise ValueError(refusal)
 
     def _async_checks(self) -> None:
         a = self.async_rl

@@ -16,6 +16,8 @@ from typing import Any
 # model_type -> what the codec and the engine feed it (text always)
 MODEL_INPUTS: dict[str, frozenset[str]] = {
     "qwen3_vl": frozenset({"text", "image", "video"}),
+    "qwen3_omni": frozenset({"text", "image", "audio"}),  # a tiny thinker (model.build.kind)
+    "qwen3_omni_moe_thinker": frozenset({"text", "image", "audio"}),  # video to the thinker is not wired yet
     "qwen2_vl": frozenset({"text", "image"}),
     "qwen2_5_vl": frozenset({"text", "image"}),
 }
@@ -56,7 +58,7 @@ def modality_problem(config: Any, envs: list[tuple[str, str, dict[str, Any]]]) -
             return (
                 f"{where}: env {env_id} shows {' and '.join(missing)}, but the model {name} "
                 f"(model_type {kind}) takes only {', '.join(sorted(takes))}; choose a model that takes "
-                f"{' and '.join(missing)} (video: qwen3_vl) or drop the env"
+                f"{' and '.join(missing)} (video: qwen3_vl; audio: qwen3_omni) or drop the env"
             )
     return None
 

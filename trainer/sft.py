@@ -121,6 +121,7 @@ def oracle_trajectory(spec: EpisodeSpec, codec: ChatCodec, *, max_turns: int | N
         image_token_id=codec.vision.image_token_id if codec.vision is not None else None,
         videos=chat.videos, video_grid_thw=chat.video_grids,
         video_token_id=codec.vision.video.video_token_id if codec.vision is not None and codec.vision.video else None,
+        audios=chat.audios, audio_token_id=codec.audio.audio_token_id if codec.audio is not None else None,
         metadata={"oracle": True},
     )
     traj.validate()
@@ -131,7 +132,7 @@ def sft_batch(trajectories: list[Trajectory], image_processor: Any | None) -> Se
     """Oracle samples as a backend batch (loss on the oracle's turns, temperature 1)."""
     multimodal = []
     for t in trajectories:
-        if t.images or t.videos:
+        if t.images or t.videos or t.audios:
             vis = t.vision_inputs(image_processor)
             multimodal.append({k: v for k, v in vis.items() if k != "mm_token_type_ids"})
         else:

@@ -123,7 +123,7 @@ def to_sequence_batch(samples: Sequence[ScoredSample], image_processor: Any | No
     multimodal: list[dict[str, torch.Tensor]] = []
     for s in samples:
         t = s.traj
-        if t.images or t.videos:
+        if t.images or t.videos or t.audios:
             if image_processor is None:
                 raise ValueError(f"trajectory {t.episode_id} holds images but the model has no image processor")
             vis = t.vision_inputs(image_processor)

@@ -30,6 +30,7 @@ import torch
 from pydantic import BaseModel, Field
 from torch import Tensor
 
+from relax_gym.audio import cat_features, is_omni
 from relax_gym.errors import RelaxGymError
 from relax_gym.trainer.algorithms import merge_metrics
 from relax_gym.trainer.backends.base import (
@@ -122,6 +123,7 @@ class TorchBackend(TrainerBackend):
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.is_vision = hasattr(self.config, "vision_config")
+        self.is_omni = is_omni(self.config)  # the Qwen3-Omni thinker: no mm_token_type_ids, audio features
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.video_token_id = getattr(self.config, "video_token_id", None)
         text_cfg = self.config.get_text_config(decoder=True)
@@ -166,11 +168,14 @@ class TorchBackend(TrainerBackend):
             ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             attn[i, : len(row)] = 1
         inputs: dict[str, Tensor] = {"input_ids": ids, "attention_mask": attn}
-        keys = sorted({k for mm in sub.multimodal for k in mm})
+        keys = sorted({k for mm in sub.multimodal for k in mm} - {"input_features", "feature_attention_mask"})
         for key in keys:
             parts = [mm[key] for mm in sub.multimodal if key in mm]
             inputs[key] = torch.cat(parts, dim=0)
-        if self.is_vision:
+        audio = [(mm["input_features"], mm["feature_attention_mask"]) for mm in sub.multimodal if "input_features" in mm]
+        if audio:  # omni: clips of different lengths, padded to the longest (relax_gym.audio)
+            inputs.update(cat_features(audio))
+        if self.is_vision and not self.is_omni:
             types = torch.zeros_like(ids)
             if self.image_token_id is not None:
                 types[ids == int(self.image_token_id)] = 1

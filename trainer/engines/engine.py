@@ -102,6 +102,8 @@ class Sequence:
             seq.image_grid_thw = self.vision.image_grid_thw
             seq.pixel_values_videos = self.vision.pixel_values_videos
             seq.video_grid_thw = self.vision.video_grid_thw
+            seq.input_features = self.vision.input_features
+            seq.feature_attention_mask = self.vision.feature_attention_mask
             seq.mm_token_type_ids = self.vision.mm_token_type_ids + [0] * len(self.output_ids)
         elif prefix is not None and not seq.want_prompt_logits:
             hit = prefix.lookup(ids)

@@ -38,6 +38,8 @@ class SeqInput:
     image_grid_thw: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
+    input_features: torch.Tensor | None = None  # omni audio [clips, mel, frames]
+    feature_attention_mask: torch.Tensor | None = None
     mm_token_type_ids: list[int] | None = None
     want_prompt_logits: bool = False
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # cached KV of a token prefix
@@ -92,6 +94,12 @@ class ModelRunner:
         self.image_processor = None
         self.vision_tokens = None
         self.video_support = None  # relax_gym.video.VideoSupport for Qwen3-VL
+        self.audio_support = None  # relax_gym.audio.AudioSupport for the Qwen3-Omni thinker
+        from relax_gym.audio import AudioSupport, is_omni
+
+        self.is_omni = is_omni(self.config)
+        if self.is_omni:
+            self.audio_support = AudioSupport.from_folder(self.model_path, self.config, self.tokenizer)
         if self.is_vision:
             from relax_gym.vision import VisionTokens, load_image_processor
 
@@ -196,9 +204,14 @@ class ModelRunner:
         n = len(seq.input_ids)
         if not self.is_vision:
             return torch.arange(n), 0
-        if seq.image_grid_thw is None and seq.video_grid_thw is None:
+        if seq.image_grid_thw is None and seq.video_grid_thw is None and seq.input_features is None:
             return torch.arange(n).expand(3, n), 0
         ids = torch.tensor([seq.input_ids])
+        if self.is_omni:  # the thinker's own rope index (audio spans run on like text)
+            from relax_gym.trainer.models.omni import omni_rope_index
+
+            return omni_rope_index(self.model, seq.input_ids, seq.image_grid_thw, seq.video_grid_thw,
+                                   seq.feature_attention_mask)
         types = torch.tensor([seq.mm_token_type_ids or [0] * n])
         pos, delta = self.model.model.get_rope_index(ids, types, image_grid_thw=seq.image_grid_thw,
                                                      video_grid_thw=seq.video_grid_thw)
@@ -255,6 +268,12 @@ class ModelRunner:
             kwargs["pixel_values_videos"] = torch.cat(videos, dim=0).to(self.device, self.dtype)
             kwargs["video_grid_thw"] = torch.cat([s.video_grid_thw for s in seqs if s.video_grid_thw is not None]).to(
                 self.device)
+        audio = [(s.input_features, s.feature_attention_mask) for s in seqs if s.input_features is not None]
+        if audio:
+            from relax_gym.audio import cat_features
+
+            kwargs.update({k: v.to(self.device) for k, v in cat_features(audio).items()})
+            kwargs["input_features"] = kwargs["input_features"].to(self.dtype)
         want_full = any(s.want_prompt_logits for s in seqs)
         if not want_full:
             kwargs["logits_to_keep"] = 1

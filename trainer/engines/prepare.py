@@ -32,6 +32,7 @@ from relax_gym.media import MediaLimits, load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
 from relax_gym.vision import VisionInputError, VisionInputs, prepare_vision_inputs
 
+from relax_gym.trainer.engines.audio_inputs import audio_inputs, check_raw_audios
 from relax_gym.trainer.engines.model_runner import ModelRunner
 from relax_gym.trainer.engines.sampling import SamplingSpec
 
@@ -89,6 +90,9 @@ class InputLimits:
     max_video_bytes: int = 16 << 20  # encoded bytes per video, after base64
     max_video_frames: int = 64  # frames per video: the engine decodes every frame it is sent
     max_video_pixels: int = 1024 * 1024  # width * height per frame
+    max_audios: int = 8
+    max_audio_bytes: int = 16 << 20  # encoded bytes per clip, after base64
+    max_audio_seconds: float = 60.0  # per clip, from the header
 
     def prompt_chars(self, max_context: int) -> int:
         """Most characters of prompt text accepted for tokenising."""
@@ -162,8 +166,9 @@ def check_prompt_chars(n_chars: int, runner: ModelRunner, limits: InputLimits, w
 
 def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputLimits) -> None:
     """Size checks on a ``/generate`` body as parsed JSON, before it is validated and copied."""
-    if data.get("audio_data"):
-        raise BadRequest("audio_data is not supported by the embedded engine")
+    if data.get("audio_data") and getattr(runner, "audio_support", None) is None:
+        raise BadRequest("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
+    check_raw_audios(data.get("audio_data"), limits, BadRequest)
     check_raw_videos(data.get("video_data"), limits)
     text, ids = data.get("text"), data.get("input_ids")
     if isinstance(text, str):
@@ -339,8 +344,8 @@ def prepare_prompt(
 ) -> PreparedPrompt:
     """Token ids (and Qwen-VL image inputs) for a request; raises BadRequest."""
     limits = _with_paths(limits or InputLimits(), allow_media_paths)
-    if req.audio_data:
-        raise BadRequest("audio_data is not supported by the embedded engine")
+    if req.audio_data and getattr(runner, "audio_support", None) is None:
+        raise BadRequest("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
     if req.video_data and getattr(runner, "video_support", None) is None:
         raise BadRequest("video_data was given but the served model takes no video (Qwen3-VL does)")
     if req.input_ids is not None:
@@ -374,8 +379,12 @@ def prepare_prompt(
         except (ValueError, OSError) as exc:
             raise BadRequest(f"image_data: cannot process the image(s): {exc}") from None
         ids = vision.input_ids
+    ids, audio = audio_inputs(ids, req.audio_data, getattr(runner, "audio_support", None), limits, BadRequest)
+    if audio is not None and vision is not None:  # the omni thinker reads images and audio in one prompt
+        image_id = runner.vision_tokens.image_token_id if runner.vision_tokens is not None else None
+        vision = dataclasses.replace(vision, input_ids=ids, mm_token_type_ids=[int(t == image_id) for t in ids], **audio)
     check_context(len(ids), req.sampling_params.max_new_tokens, runner)
-    has_media = vision is not None and (vision.num_images or vision.num_videos)
+    has_media = vision is not None and (vision.num_images or vision.num_videos or vision.num_audios)
     return PreparedPrompt(input_ids=ids, vision=vision if has_media else None)
 
 

@@ -391,7 +391,7 @@ class EngineService:
 
     def is_heavy(self, request: Request, req: GenerateRequest) -> bool:
         """Whether preparing ``req`` may cost much: a large body or any image to decode."""
-        return bool(req.image_data or req.video_data) or getattr(request.state, "body_bytes", 0) > self.config.small_body_bytes
+        return bool(req.image_data or req.video_data or req.audio_data) or getattr(request.state, "body_bytes", 0) > self.config.small_body_bytes
 
     def check_auth(self, request: Request) -> None:
         key = self.config.api_key

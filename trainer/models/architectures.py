@@ -16,7 +16,7 @@ from typing import Any
 from relax_gym.errors import RelaxGymError
 
 #: HF ``model_type`` values the engine and the torch backend are tested on
-SERVABLE_MODEL_TYPES: frozenset[str] = frozenset({"llama", "qwen2", "qwen3", "qwen3_vl"})
+SERVABLE_MODEL_TYPES: frozenset[str] = frozenset({"llama", "qwen2", "qwen3", "qwen3_vl", "qwen3_omni_moe_thinker"})
 
 
 class UnsupportedArchitecture(RelaxGymError, ValueError):

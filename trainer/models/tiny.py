@@ -23,9 +23,9 @@ from relax_gym.trainer.models._threads import torch_threads
 from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
 from relax_gym.trainer.models.tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
-ModelKind = Literal["qwen3", "qwen3_vl", "llama", "qwen2"]
+ModelKind = Literal["qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2"]
 TokenizerKind = Literal["qwen3", "tiny-bpe"]
-KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl", "llama", "qwen2")  # llama/qwen2: the imported real families
+KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2")  # llama/qwen2: the imported real families
 
 # Text-model defaults; any of them can be overridden through build_tiny_model(**overrides).
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -94,6 +94,7 @@ def build_tiny_model(
     seed: int = 0,
     tokenizer: TokenizerKind = "qwen3",
     vision: dict[str, Any] | None = None,
+    audio: dict[str, Any] | None = None,
     image_min_pixels: int = 32 * 32,
     image_max_pixels: int = 256 * 256,
     threads: int | None = 1,
@@ -102,7 +103,8 @@ def build_tiny_model(
     """Build a tiny random model of ``kind`` and save it as a HF folder at ``path``.
 
     ``overrides`` change the text config (e.g. ``num_hidden_layers=4``); ``vision`` changes the
-    Qwen3-VL vision config. The weights depend only on ``seed`` and the config.
+    Qwen3-VL vision config, ``audio`` the Qwen3-Omni audio encoder's (``qwen3_omni``: the thinker,
+    :mod:`relax_gym.trainer.models.tiny_omni`). The weights depend only on ``seed`` and the config.
     """
     with torch_threads(threads):
         return _build(
@@ -111,6 +113,7 @@ def build_tiny_model(
             seed=seed,
             tokenizer=tokenizer,
             vision=vision,
+            audio=audio,
             image_min_pixels=image_min_pixels,
             image_max_pixels=image_max_pixels,
             **overrides,
@@ -126,6 +129,7 @@ def _build(
     vision: dict[str, Any] | None,
     image_min_pixels: int,
     image_max_pixels: int,
+    audio: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
     import torch
@@ -135,10 +139,13 @@ def _build(
     model_kind = normalize_kind(kind)
     out.mkdir(parents=True, exist_ok=True)
     tok = _load_tokenizer(tokenizer, out)
-    ids = {
-        t: tok.convert_tokens_to_ids(t)
-        for t in ("<|im_end|>", "<|endoftext|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-    }
+    markers = ["<|im_end|>", "<|endoftext|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+    if model_kind == "qwen3_omni":
+        from relax_gym.trainer.models.tiny_omni import AUDIO_MARKERS, add_audio_tokens
+
+        add_audio_tokens(tok)
+        markers += AUDIO_MARKERS
+    ids = {t: tok.convert_tokens_to_ids(t) for t in markers}
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     text_cfg = {**TEXT_DEFAULTS, **overrides}
     text_cfg.setdefault("vocab_size", QWEN3_VOCAB_SIZE if tokenizer == "qwen3" else _padded_vocab(len(tok)))
@@ -163,6 +170,9 @@ def _build(
         model = Qwen3ForCausalLM(config)
     elif model_kind in ("llama", "qwen2"):
         config, model = _text_family(model_kind, text_cfg, eos, ids["<|endoftext|>"])
+    elif model_kind == "qwen3_omni":
+        _build_omni_into(out, tok, text_cfg, ids, audio, vision, image_min_pixels, image_max_pixels)
+        model = config = None
     else:
         from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
@@ -202,16 +212,47 @@ def _build(
             max_pixels=image_max_pixels,
         )
         processor.save_pretrained(str(out))
-    model = model.to(torch.float32).eval()
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+    if model is not None:
+        model = model.to(torch.float32).eval()
+        model.generation_config.eos_token_id = eos
+        model.generation_config.pad_token_id = ids["<|endoftext|>"]
+        model.generation_config.bos_token_id = None
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
     (out / "relax_gym_tiny.json").write_text(
         json.dumps({"kind": model_kind, "seed": seed, "tokenizer": tokenizer}, indent=2) + "\n", encoding="utf-8"
     )
     return out
+
+
+def _build_omni_into(out: Path, tok: Any, text_cfg: dict[str, Any], ids: dict[str, int], audio: dict[str, Any] | None,
+                     vision: dict[str, Any] | None, min_pixels: int, max_pixels: int) -> None:
+    """The Qwen3-Omni thinker: model, processor files and tokenizer with audio markers."""
+    import torch
+
+    from relax_gym.trainer.models.tiny_omni import (
+        OMNI_TOKENIZER_TOKENS,
+        QWEN3_OMNI_CHAT_TEMPLATE,
+        build_omni,
+        save_omni_processor,
+    )
+
+    half = text_cfg["head_dim"] // 2
+    section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]
+    config, model, vision_cfg = build_omni(text_cfg, ids, audio=audio, vision=vision, section=section)
+    model = model.to(torch.float32).eval()
+    eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(str(out))
+    save_omni_processor(out, build_image_processor(
+        patch_size=vision_cfg["patch_size"], merge_size=vision_cfg["spatial_merge_size"],
+        temporal_patch_size=vision_cfg["temporal_patch_size"], min_pixels=min_pixels, max_pixels=max_pixels,
+    ), int(config.audio_config.num_mel_bins))
+    tok.chat_template = QWEN3_OMNI_CHAT_TEMPLATE
+    tok._set_model_specific_special_tokens(dict(OMNI_TOKENIZER_TOKENS))  # saved in tokenizer_config.json
+    tok.save_pretrained(str(out))
 
 
 def _text_family(kind: str, text_cfg: dict[str, Any], eos: list[int], pad: int) -> tuple[Any, Any]:

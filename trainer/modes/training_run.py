@@ -87,6 +87,7 @@ def prepare_model(config: TrainConfig, out_dir: Path) -> Path:
     if folder.exists():
         shutil.rmtree(folder)
     build_tiny_model(spec.kind, folder, seed=spec.seed, tokenizer=spec.tokenizer, vision=spec.vision or None,
+                     audio=spec.audio or None,
                      image_min_pixels=spec.image_min_pixels, image_max_pixels=spec.image_max_pixels, **spec.text)
     stamp.write_text(json.dumps(wanted, indent=2), encoding="utf-8")
     return folder

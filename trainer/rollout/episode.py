@@ -41,6 +41,7 @@ from relax_gym.protocol import (
     SamplingParams,
 )
 from relax_gym.types import Action, Message, Observation, ToolCall
+from relax_gym.audio import collapse_audio_tokens
 from relax_gym.video import collapse_spans
 from relax_gym.vision import collapse_image_tokens
 
@@ -343,6 +344,8 @@ class EpisodeRunner:
         if part.chat.video_spans and self.codec.vision is not None and self.codec.vision.video is not None:
             # one video pad per video, as the template renders it (SGLang's processor expands it)
             ids = collapse_spans(ids, part.chat.video_spans, self.codec.vision.video.video_token_id)
+        if part.chat.audio_payloads and self.codec.audio is not None:  # one audio pad per clip, as rendered
+            ids = collapse_audio_tokens(ids, self.codec.audio.audio_token_id)
         if part.chat.payloads and self.codec.vision is not None:
             # one image pad per image, as the chat template renders it: SGLang's Qwen3-VL
             # processor expands each pad itself and keeps every other id as sent, while a run of
@@ -352,6 +355,7 @@ class EpisodeRunner:
             input_ids=ids,
             image_data=list(part.chat.payloads) or None,
             video_data=list(part.chat.video_payloads) or None,
+            audio_data=list(part.chat.audio_payloads) or None,
             sampling_params=SamplingParams(
                 max_new_tokens=max_new - len(segment.ids), temperature=cfg.temperature, top_p=cfg.top_p,
                 top_k=cfg.top_k, min_p=0.0, stop_token_ids=self._stop_ids, skip_special_tokens=False,
@@ -577,6 +581,8 @@ class EpisodeRunner:
             video_grid_thw=chat.video_grids if chat is not None else [],
             video_token_id=self.codec.vision.video.video_token_id
             if self.codec.vision is not None and self.codec.vision.video is not None else None,
+            audios=chat.audios if chat is not None else [],
+            audio_token_id=self.codec.audio.audio_token_id if self.codec.audio is not None else None,
             drift=drift,
             metadata={**self.spec.metadata, **({"video_reduced": list(chat.video_reduced)}
                                                if chat is not None and chat.video_reduced else {})},

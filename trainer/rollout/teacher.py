@@ -18,6 +18,7 @@ import torch
 
 from relax_gym.media import image_to_data_url
 from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
+from relax_gym.audio import audio_payload
 from relax_gym.video import video_payload
 from relax_gym.vision import collapse_image_tokens
 from relax_gym.trainer.rollout import Trajectory
@@ -38,6 +39,7 @@ async def teacher_logprobs(client: EngineClient, trajectories: list[Trajectory],
             image_data=[image_to_data_url(p.image) for p in t.images] or None,
             # videos go with their expanded placeholders (the embedded engine takes either form)
             video_data=[video_payload(v.frames, v.fps) for v in t.videos] or None,
+            audio_data=[audio_payload(a.waveform) for a in t.audios] or None,  # expanded pads: either form is taken
             sampling_params=SamplingParams(max_new_tokens=0, temperature=1.0),
             return_logprob=True, logprob_start_len=start,
         )

@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 from relax_gym.chat import DriftReport
 from relax_gym.errors import RelaxGymError
 from relax_gym.transcript import MediaWriter, message_from_record, message_to_record
-from relax_gym.types import ImagePart, Message, ToolCall, VideoPart
+from relax_gym.types import AudioPart, ImagePart, Message, ToolCall, VideoPart
 
 StopReason = Literal[
     "env_done",  # the env terminated the episode
@@ -124,6 +124,9 @@ class Trajectory:
     videos: list[VideoPart] = field(default_factory=list)
     video_grid_thw: list[list[int]] = field(default_factory=list)
     video_token_id: int | None = None
+    # omni: audio clips as the model heard them (canonical 16 kHz, relax_gym.audio), in placeholder order
+    audios: list[AudioPart] = field(default_factory=list)
+    audio_token_id: int | None = None
     drift: DriftReport = field(default_factory=DriftReport)
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -221,6 +224,11 @@ class Trajectory:
                 raise TrajectoryError(f"the video processor gives grids {vids['video_grid_thw'].tolist()} but the "
                                       f"rollout used {self.video_grid_thw}")
             out.update(vids)
+        if self.audios:
+            from relax_gym.audio import batch_features, default_extractor
+
+            extractor = getattr(image_processor, "relax_audio_extractor", None) or default_extractor()
+            out.update(batch_features(extractor, [a.waveform for a in self.audios]))
         if not self.images:
             return out
         processed = image_processor(images=[p.image.convert("RGB") for p in self.images], return_tensors="pt")
@@ -271,6 +279,8 @@ class Trajectory:
             "videos": [{"path": _save_frames(writer, v), "fps": v.fps} for v in self.videos],
             "video_grid_thw": self.video_grid_thw,
             "video_token_id": self.video_token_id,
+            "audios": [_save_audio(writer, a) for a in self.audios],
+            "audio_token_id": self.audio_token_id,
             "drift": asdict(self.drift),
             "metadata": self.metadata,
         }
@@ -316,6 +326,8 @@ class Trajectory:
                 videos=[_load_frames(media_dir, v) for v in rec.get("videos", [])],
                 video_grid_thw=[list(map(int, g)) for g in rec.get("video_grid_thw", [])],
                 video_token_id=rec.get("video_token_id"),
+                audios=[_load_audio(media_dir, a) for a in rec.get("audios", [])],
+                audio_token_id=rec.get("audio_token_id"),
                 drift=DriftReport(**rec.get("drift", {})),
                 metadata=dict(rec.get("metadata", {})),
             )
@@ -345,6 +357,34 @@ def _save_frames(writer: MediaWriter | None, video: VideoPart) -> str:
     if not path.exists():
         path.write_bytes(data)
     return name
+
+
+def _save_audio(writer: MediaWriter | None, clip: AudioPart) -> str:
+    """The exact float32 samples as ``.npy`` (a WAV would be 16-bit; the trainer needs what the
+    engine heard)."""
+    import hashlib
+    import io
+
+    import numpy as np
+
+    if writer is None:
+        raise TrajectoryError("this trajectory holds audio: pass a MediaWriter to save it")
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(clip.waveform, dtype=np.float32), allow_pickle=False)
+    data = buf.getvalue()
+    name = f"audio-{hashlib.sha1(data).hexdigest()[:16]}.npy"
+    path = writer.folder / name
+    if not path.exists():
+        path.write_bytes(data)
+    return name
+
+
+def _load_audio(media_dir: str | Path | None, name: str) -> AudioPart:
+    import numpy as np
+
+    if media_dir is None:
+        raise TrajectoryError("the record holds audio: pass media_dir")
+    return AudioPart(np.load(Path(media_dir) / name, allow_pickle=False), 16000)
 
 
 def _load_frames(media_dir: str | Path | None, item: dict[str, Any]) -> VideoPart:

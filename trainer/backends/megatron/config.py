@@ -117,9 +117,24 @@ def _rope_theta(text_cfg: Any) -> float:
     return float(theta)
 
 
+OMNI_KINDS = frozenset({"qwen3_omni", "qwen3_omni_moe_thinker", "qwen3_omni_moe"})
+
+
+def omni_refusal(model_type: str) -> str | None:
+    """Why the bridge cannot train a Qwen3-Omni model (checked at config validation), else None."""
+    if model_type not in OMNI_KINDS:
+        return None
+    return (f"model_type {model_type!r} (the Qwen3-Omni thinker) is not supported by the megatron backend: the "
+            "bridge has no mixture-of-experts language model (router, experts, expert parallel), no audio "
+            "encoder and no omni M-RoPE (docs/megatron.md); use backend: torch")
+
+
 def dims_from_hf_config(hf_config: Any) -> ModelDims:
     """Read the decoder shape of a Qwen3 or Qwen3-VL ``PretrainedConfig`` (or its ``to_dict``)."""
     model_type = getattr(hf_config, "model_type", None)
+    refusal = omni_refusal(str(model_type))
+    if refusal is not None:
+        raise MegatronBridgeError(refusal)
     if model_type == "qwen3_vl":
         text = hf_config.text_config
         prefix = "model.language_model."

@@ -1,0 +1,59 @@
+"""``audio_data`` for the embedded engine: decode, check, expand placeholders, compute features.
+
+SGLang's ``/generate`` takes ``audio_data`` (one entry per ``<|audio_pad|>`` in the prompt) for
+omni models. Here an entry is a data URL or bare base64 (never a URL or a path); the count and
+encoded size are checked before anything is decoded, the duration from the header while
+decoding (:func:`relax_gym.media.load_audio`). Each clip becomes the canonical 16 kHz waveform
+the rollout's codec keeps (:mod:`relax_gym.audio`), so the engine's features are the trainer's.
+A prompt may carry one pad per clip (as the template renders it) or the expanded run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from relax_gym.audio import AudioInputError, AudioSupport, decode_audio_item, expand_audio_tokens
+from relax_gym.errors import MediaError
+
+
+def check_raw_audios(items: Any, limits: Any, bad_request: type[Exception]) -> None:
+    """Count and encoded-size checks on ``audio_data`` before anything is decoded."""
+    if not isinstance(items, list) or not items:
+        return
+    if len(items) > limits.max_audios:
+        raise bad_request(f"{len(items)} audio clips in one request; at most {limits.max_audios} are accepted")
+    b64_chars = limits.max_audio_bytes * 4 // 3 + 4096
+    for k, item in enumerate(items):
+        if isinstance(item, str) and len(item) > b64_chars:
+            raise bad_request(f"audio_data[{k}]: {len(item)} characters of base64 exceed the limit of "
+                              f"{limits.max_audio_bytes} bytes per clip")
+
+
+def audio_inputs(ids: list[int], items: list[Any] | None, support: AudioSupport | None, limits: Any,
+                 bad_request: type[Exception]) -> tuple[list[int], dict[str, Any] | None]:
+    """Expanded ids and ``input_features`` / ``feature_attention_mask`` for a request's audio,
+    or the ids unchanged and None when it has none; bad input raises ``bad_request``."""
+    if support is None:
+        if items:
+            raise bad_request("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
+        return ids, None
+    items = list(items or [])
+    if not items and support.audio_token_id not in ids:
+        return ids, None
+    check_raw_audios(items, limits, bad_request)
+    waves = []
+    for k, item in enumerate(items):
+        try:
+            waves.append(decode_audio_item(item, max_bytes=limits.max_audio_bytes,
+                                           max_seconds=limits.max_audio_seconds))
+        except MediaError as exc:
+            raise bad_request(f"audio_data[{k}]: {exc.cause}") from None
+    try:
+        prepared = support.prepare([(w, 16000) for w in waves])
+        ids, _ = expand_audio_tokens(ids, prepared.counts, support.audio_token_id)
+    except (AudioInputError, MediaError) as exc:
+        raise bad_request(f"audio_data: {getattr(exc, 'cause', exc)}") from None
+    return ids, support.features(prepared.waves)
+
+
+__all__ = ["audio_inputs", "check_raw_audios"]
