@@ -88,13 +88,16 @@ class HFAgent(LocalChatAgent):
             prepared = prepare_vision_inputs(ids, images, conv.codec.vision.image_processor, self._vision_tokens,
                                              videos=videos, video=conv.codec.vision.video, encode=conv.codec.encode)
             ids = prepared.input_ids
-            extra["mm_token_type_ids"] = torch.tensor([prepared.mm_token_type_ids])
+            if conv.codec.audio is None:  # Qwen3-VL's M-RoPE reads them; the omni thinker takes none
+                extra["mm_token_type_ids"] = torch.tensor([prepared.mm_token_type_ids])
             if prepared.pixel_values is not None:
                 extra["pixel_values"] = prepared.pixel_values
                 extra["image_grid_thw"] = prepared.image_grid_thw
             if prepared.pixel_values_videos is not None:
                 extra["pixel_values_videos"] = prepared.pixel_values_videos
                 extra["video_grid_thw"] = prepared.video_grid_thw
+        if conv.context.audios and conv.codec.audio is not None:  # the thinker hears: log-mel features per clip
+            extra.update(conv.codec.audio.features([a.waveform for a in conv.context.audios]))
         o = self.options
         sample = o.temperature > 0
         gen_kwargs: dict[str, Any] = {"max_new_tokens": o.max_tokens, "do_sample": sample}

@@ -7,7 +7,8 @@ Earlier replies stay as generated, ``<think>`` blocks included (see the ``relax_
 docstring for why). The env gets the answer with the thinking split off, and tool calls are
 parsed from that answer here.
 
-A media part the encoder has no tokens for (:meth:`~relax_gym.chat.ChatCodec.takes`: audio;
+A media part the encoder has no tokens for (:meth:`~relax_gym.chat.ChatCodec.takes`: audio except for the
+Qwen3-Omni thinker;
 video except for Qwen3-VL; images without the model's image processor) raises :class:`ModalityRejected` before
 anything is sent, instead of evaluating a model that never saw the media.
 """

@@ -15,6 +15,7 @@ from typing import Any
 
 from relax_gym.core import Env
 from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
+from relax_gym.audio import collapse_audio_tokens
 from relax_gym.video import collapse_spans
 
 from .base import AgentError, AgentOptions, EpisodeInfo, FatalAgentError, call_engine, refusal
@@ -83,8 +84,11 @@ class _SGLangSession(LocalChatSession):
         if videos and codec.vision is not None and codec.vision.video is not None:
             # one pad per video, as the template renders it (SGLang's processor expands it)
             ids = collapse_spans(ids, ctx.video_spans, codec.vision.video.video_token_id)  # type: ignore[union-attr]
+        audios = ctx.audio_payloads if ctx is not None else []
+        if audios and codec.audio is not None:  # one pad per clip, as rendered (SGLang expands it)
+            ids = collapse_audio_tokens(ids, codec.audio.audio_token_id)
         return GenerateRequest(input_ids=ids, sampling_params=params, image_data=payloads or None,
-                               video_data=videos or None)
+                               video_data=videos or None, audio_data=audios or None)
 
     async def generate(self, seed: int) -> tuple[list[int], int, int]:
         request = self._request(seed)

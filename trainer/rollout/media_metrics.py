@@ -14,7 +14,7 @@ from relax_gym.trainer.rollout.trajectory import Trajectory
 
 def media_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``rollout/videos`` (clips the model saw), ``rollout/video_tokens_mean`` (video pads per
-    sample), ``rollout/video_reduced/<how>`` and ``rollout/media_errors`` (episodes ended by a
+    sample), ``rollout/audios`` and ``rollout/audio_tokens_mean`` (the same for audio), ``rollout/video_reduced/<how>`` and ``rollout/media_errors`` (episodes ended by a
     bad or over-budget clip)."""
     out: dict[str, float] = {}
     videos = sum(len(t.videos) for t in trajs)
@@ -22,6 +22,11 @@ def media_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
         out["rollout/videos"] = float(videos)
         pads = [sum(1 for tok in t.token_ids if tok == t.video_token_id) for t in trajs if t.videos]
         out["rollout/video_tokens_mean"] = float(sum(pads) / len(pads))
+    audios = sum(len(t.audios) for t in trajs)
+    if audios:  # omni: clips the model heard and their placeholder tokens per sample
+        out["rollout/audios"] = float(audios)
+        pads = [sum(1 for tok in t.token_ids if tok == t.audio_token_id) for t in trajs if t.audios]
+        out["rollout/audio_tokens_mean"] = float(sum(pads) / len(pads))
     for t in trajs:
         for how in t.metadata.get("video_reduced", ()):
             key = f"rollout/video_reduced/{how}"
