@@ -289,7 +289,7 @@ def test_text_over_the_context_stops_counting_early(engine: EmbeddedEngineProces
         ({"input_ids": [1, 2], "sampling_params": {"stop": ["x"] * 1000}}, "at most 64 strings"),
         ({"input_ids": [1, 2], "sampling_params": {"stop": ["x" * 100_000]}}, "at most 512 characters"),
         ({"input_ids": [1, 2], "sampling_params": {"stop_token_ids": [1] * 5000}}, "at most 1024 ids"),
-        ({"input_ids": [1, 2], "audio_data": ["AAAA" * 100_000]}, "audio_data is not supported"),
+        ({"input_ids": [1, 2], "audio_data": ["AAAA" * 100_000]}, "the served model takes no audio"),
         ({"input_ids": [1, 2], "video_data": ["AAAA"]}, "the served model takes no video"),
         ({"input_ids": [1, 2], "image_data": ["AAAA"] * 3}, "3 images in one request; at most 2"),
     ],

@@ -1,6 +1,6 @@
 """Tiny models, tokenizers and Qwen-VL input processing shared by the engine and the trainer.
 
-``build_tiny_model("qwen3" | "qwen3_vl", path)`` writes a random tiny model as a HF folder
+``build_tiny_model("qwen3" | "qwen3_vl" | "qwen3_omni", path)`` writes a random tiny model as a HF folder
 (config, safetensors, tokenizer with chat template, image processor) in about a second, with no
 download. Importing this package is light; torch and transformers load inside the functions.
 The Qwen-VL input functions re-exported here live in the core (:mod:`relax_gym.vision`), where

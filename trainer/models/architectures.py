@@ -3,8 +3,9 @@ for the rest.
 
 Both load a folder through transformers' Auto classes and drive it with explicit positions, a
 2-D attention mask and a plain ``DynamicCache`` (keys/values per layer). That holds for decoder
-families with full attention on every layer and 1-D RoPE (Llama / SmolLM, Qwen2, Qwen3) and for
-Qwen3-VL's M-RoPE, which the runner computes itself. Families with sliding-window layers
+families with full attention on every layer and 1-D RoPE (Llama / SmolLM, Qwen2, Qwen3), for
+Qwen3-VL's M-RoPE, which the runner computes itself, and for the Qwen3-Omni thinker (MoE decoder,
+M-RoPE from its own rope index, audio encoder). Families with sliding-window layers
 (Gemma-3, Mistral), state-space layers or other cache kinds would load but decode wrongly in the
 engine's batched cache, so they are refused by name instead.
 """
