@@ -109,6 +109,19 @@ class VideoConfig(_Section):
         return VideoSampling(**self.model_dump())
 
 
+class AudioConfig(_Section):
+    """The budget for audio observations (``relax_gym.audio.AudioSampling``): a longer clip, or
+    more clips in one prompt, ends the episode with an error counted by reason."""
+
+    max_seconds: float = Field(30.0, gt=0, description="a longer clip is refused (counted as 'duration')")
+    max_clips: int = Field(8, ge=1, description="more clips in one prompt are refused (counted as 'clips')")
+
+    def sampling(self) -> Any:
+        from relax_gym.audio import AudioSampling
+
+        return AudioSampling(**self.model_dump())
+
+
 class ModelConfig(_Section):
     path: str | None = Field(None, description="HF model folder to start from (config, weights, tokenizer)")
     build: TinyModelSpec | None = Field(None, description="build a tiny model instead of loading `path`")
@@ -123,6 +136,8 @@ class ModelConfig(_Section):
     )
     video: VideoConfig = Field(default_factory=lambda: VideoConfig(),
                                description="how video observations are sampled for the model (Qwen3-VL)")
+    audio: AudioConfig = Field(default_factory=lambda: AudioConfig(),
+                               description="the budget for audio observations (the Qwen3-Omni thinker)")
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelConfig:

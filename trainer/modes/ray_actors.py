@@ -143,7 +143,7 @@ def build_role(kind: str, config: Any, kw: dict[str, Any]) -> Any:
                               weight_sync=lambda handle, version: learner.push_weights_to(handle.url),
                               on_change=lambda event, url: learner.track_engine(event, url))
         codec = ChatCodec.from_pretrained(kw["model_path"], template_kwargs=dict(config.model.template_kwargs),
-                                          video=config.model.video.sampling())
+                                          video=config.model.video.sampling(), audio=config.model.audio.sampling())
         return RolloutProducer(config, codec, router, kw["queue"], list(kw["rewards"]), owns_pause=True,
                                model_path=kw["model_path"])
     if kind == "logprob":

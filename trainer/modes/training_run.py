@@ -172,7 +172,7 @@ class TrainingRun:
         bind_run_tokenizer(c, self.model_path)  # dataset envs' max_prompt_tokens count the policy's tokens
         self.backend = make_backend(c, self.model_path)
         self.codec = ChatCodec.from_pretrained(self.model_path, template_kwargs=dict(c.model.template_kwargs),
-                                               video=c.model.video.sampling())
+                                               video=c.model.video.sampling(), audio=c.model.audio.sampling())
         self.processor = self.codec.vision.image_processor if self.codec.vision is not None else None
         register_entry_points([*c.data.envs, *(c.eval.envs or [])])
         self.train_envs = envs_of_suite(c.data.suite) if c.data.suite else list(c.data.envs)
