@@ -189,9 +189,9 @@ def test_engine_prepares_audio_and_refuses_bad_input(tiny_omni_model: Path, tmp_
 
 @pytest.mark.slow  # about 40 s: an engine process, a rollout and a step
 def test_rl_step_on_audio_engine_equals_trainer(tiny_omni_model: Path, tmp_path: Path) -> None:
-    from relax_gym.protocol import EngineClient
     from relax_gym.trainer.algorithms.batching import to_sequence_batch
     from relax_gym.trainer.config import config_from_dict
+    from relax_gym.trainer.engines.in_process import engine_client
     from relax_gym.trainer.modes.colocate import Trainer
     from relax_gym.trainer.rollout.teacher import teacher_logprobs
 
@@ -217,7 +217,7 @@ def test_rl_step_on_audio_engine_equals_trainer(tiny_omni_model: Path, tmp_path:
             assert trajs and all(t.audios and t.audio_token_id is not None for t in trajs)
             # the rollout's logprobs came from the same weights and samples the trainer saw
             assert m["train/rollout_gap_max"] < 1e-4
-            client = EngineClient(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
+            client = engine_client(trainer.fleet.urls[0], api_key=trainer.fleet.api_key)
             try:
                 engine = await teacher_logprobs(client, trajs)
             finally:
