@@ -75,13 +75,20 @@ async def test_control_routes_need_the_key_and_bad_input_is_a_400(live: InProces
 
 
 async def test_a_caller_that_gives_up_aborts_its_request(live: InProcessEngine, client: InProcessClient) -> None:
-    before = live.engine.stats.requests_aborted
-    call = asyncio.create_task(client.generate(GenerateRequest(
-        input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=400, ignore_eos=True))))
-    for _ in range(600):  # until the engine decodes it (bounded: 60 s)
-        if live.engine.snapshot()["num_running_reqs"]:
+    for _ in range(600):  # the earlier tests' requests leave the batch first (bounded: 60 s), so
+        snap = live.engine.snapshot()  # a running request below is this one
+        if not snap["num_running_reqs"] and not snap["num_waiting_reqs"]:
             break
         await asyncio.sleep(0.1)
+    before = live.engine.stats.requests_aborted
+    call = asyncio.create_task(client.generate(GenerateRequest(
+        # 8000 tokens (the tiny model's context is 8192): seconds of decoding, so the request cannot
+        # finish between the poll that sees it running and the abort (400 tokens sometimes did)
+        input_ids=PROMPT, sampling_params=SamplingParams(max_new_tokens=8000, ignore_eos=True))))
+    for _ in range(6000):  # until the engine decodes it (bounded: 60 s)
+        if live.engine.snapshot()["num_running_reqs"]:
+            break
+        await asyncio.sleep(0.01)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

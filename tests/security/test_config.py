@@ -409,7 +409,7 @@ class _StubRouter:
 
 def _stub_codec() -> Any:
     """A text-only codec: no vision markers, so nothing is reserved (episodes fail in the env)."""
-    return types.SimpleNamespace(vision=None, reserved_ids=frozenset())
+    return types.SimpleNamespace(vision=None, audio=None, reserved_ids=frozenset())
 
 
 def test_colocate_stops_when_most_of_a_step_fails_in_the_env(tmp_path: Path) -> None:
