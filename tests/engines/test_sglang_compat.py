@@ -79,7 +79,28 @@ def generate_payloads() -> dict[str, GenerateRequest]:
                                        sampling_params=SamplingParams(max_new_tokens=8, stop=["</answer>"],
                                                                       ignore_eos=False, no_stop_trim=True)),
         "greedy": GenerateRequest(input_ids=[0], sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0)),
+        # the media payloads our codec really builds (a 4-frame clip as mp4, a tone as float32 WAV)
+        "rollout_video": GenerateRequest(input_ids=[1, 2, 3], video_data=[_clip_payload()], sampling_params=rollout,
+                                         return_logprob=True, rid="ep:2"),
+        "rollout_audio": GenerateRequest(input_ids=[1, 2, 3], audio_data=[_tone_payload()], sampling_params=rollout,
+                                         return_logprob=True, rid="ep:3"),
     }
+
+
+def _clip_payload() -> str:
+    import numpy as np
+    from relax_gym.video import video_payload
+
+    frames = np.zeros((4, 32, 32, 3), dtype=np.uint8)
+    frames[:, 8:24, 8:24, 0] = 200
+    return video_payload(frames, 2.0)
+
+
+def _tone_payload() -> str:
+    import numpy as np
+    from relax_gym.audio import audio_payload
+
+    return audio_payload(np.sin(np.linspace(0, 440 * 2 * np.pi, 16000)).astype(np.float32) * 0.3)
 
 
 def wire(model: Any) -> dict[str, Any]:
