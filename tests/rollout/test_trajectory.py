@@ -119,6 +119,27 @@ def test_jsonl_round_trip_with_media(tmp_path: Path) -> None:
             orig.group_id, orig.sample_index, orig.env_id, orig.seed, orig.tools, orig.metadata)
 
 
+def test_video_frames_and_audio_clips_round_trip_exactly(tmp_path: Path) -> None:
+    """Clips are saved as exact .npy (the trainer recomputes features from what the engine saw),
+    once per distinct content."""
+    from relax_gym import AudioPart, VideoPart
+
+    rng = np.random.default_rng(0)
+    clip = VideoPart(rng.integers(0, 256, size=(4, 8, 8, 3), dtype=np.uint8), fps=2.0)
+    tone = AudioPart(rng.uniform(-1, 1, size=1600).astype(np.float32), sample_rate=16000)
+    media = {"videos": [clip], "video_grid_thw": [[2, 4, 4]], "video_token_id": 99, "audios": [tone], "audio_token_id": 98}
+    a = make_traj(**media)
+    b = make_traj(episode_id="run-1", **media)
+    path = save_jsonl([a, b], tmp_path / "r.jsonl")
+    names = sorted(p.name for p in (tmp_path / "r.jsonl.media").iterdir())
+    assert sum(n.startswith("frames-") for n in names) == 1 and sum(n.startswith("audio-") for n in names) == 1
+    for got in load_jsonl(path):
+        assert np.array_equal(got.videos[0].frames, clip.frames) and got.videos[0].fps == 2.0
+        assert np.array_equal(got.audios[0].waveform, tone.waveform)
+    with pytest.raises(TrajectoryError, match="pass a MediaWriter"):
+        make_traj(**media).to_record()
+
+
 def test_media_needs_a_writer_and_bad_records_are_clear(tmp_path: Path) -> None:
     with pytest.raises(TrajectoryError, match="MediaWriter"):
         make_traj().to_record()

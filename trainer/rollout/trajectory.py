@@ -342,37 +342,30 @@ class Trajectory:
 def _save_frames(writer: MediaWriter | None, video: VideoPart) -> str:
     """The exact frames as ``.npy`` (an mp4 would be lossy, and the trainer needs the pixels the
     engine saw)."""
-    import hashlib
-    import io
-
-    import numpy as np
-
-    if writer is None:
-        raise TrajectoryError("this trajectory holds videos: pass a MediaWriter to save it")
-    buf = io.BytesIO()
-    np.save(buf, video.frames, allow_pickle=False)
-    data = buf.getvalue()
-    name = f"frames-{hashlib.sha1(data).hexdigest()[:16]}.npy"
-    path = writer.folder / name
-    if not path.exists():
-        path.write_bytes(data)
-    return name
+    return _save_npy(writer, video.frames, prefix="frames", what="videos")
 
 
 def _save_audio(writer: MediaWriter | None, clip: AudioPart) -> str:
     """The exact float32 samples as ``.npy`` (a WAV would be 16-bit; the trainer needs what the
     engine heard)."""
+    import numpy as np
+
+    return _save_npy(writer, np.asarray(clip.waveform, dtype=np.float32), prefix="audio", what="audio")
+
+
+def _save_npy(writer: MediaWriter | None, array: Any, *, prefix: str, what: str) -> str:
+    """Write ``array`` once under a content-hash name in the writer's folder; return the name."""
     import hashlib
     import io
 
     import numpy as np
 
     if writer is None:
-        raise TrajectoryError("this trajectory holds audio: pass a MediaWriter to save it")
+        raise TrajectoryError(f"this trajectory holds {what}: pass a MediaWriter to save it")
     buf = io.BytesIO()
-    np.save(buf, np.asarray(clip.waveform, dtype=np.float32), allow_pickle=False)
+    np.save(buf, array, allow_pickle=False)
     data = buf.getvalue()
-    name = f"audio-{hashlib.sha1(data).hexdigest()[:16]}.npy"
+    name = f"{prefix}-{hashlib.sha1(data).hexdigest()[:16]}.npy"
     path = writer.folder / name
     if not path.exists():
         path.write_bytes(data)
