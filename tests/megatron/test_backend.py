@@ -109,8 +109,18 @@ def test_update_policy_runs_the_same_step_on_both_backends(tmp_path: Path) -> No
     print(r)
     meg, ref = r["megatron"], r["torch"]
     assert meg["version"] == ref["version"] == 2 and meg["train/updates"] == ref["train/updates"] == 2.0
-    for key in ("train/loss", "train/pg_loss", "train/kl_ref", "train/approx_kl", "train/num_tokens"):
+    assert meg["train/num_tokens"] == ref["train/num_tokens"]
+    for key in ("train/kl_ref", "train/approx_kl"):
         assert meg[key] == pytest.approx(ref[key], abs=1e-5), key
+    # The metrics average the two mini-batches, and the second runs after one Adam step. Adam's
+    # first step moves every weight by about lr whatever its gradient's size, so gradient
+    # components near zero that differ in the last bits (the backends sum in another order) move
+    # differently: measured 1.2e-5 on the loss and ratio. The update itself moves the second
+    # mini-batch's ratio by ~7e-3, so 5e-5 still tells a missing or wrong update apart. (One step
+    # without an update is held to 1e-5 relative in test_parity.py.)
+    assert abs(ref["train/ratio_mean"] - 1.0) > 1e-3  # the first mini-batch's update moved the policy
+    for key in ("train/loss", "train/pg_loss", "train/ratio_mean"):
+        assert meg[key] == pytest.approx(ref[key], abs=5e-5), key
     assert meg["train/grad_norm"] == pytest.approx(ref["train/grad_norm"], rel=1e-4)
 
 
