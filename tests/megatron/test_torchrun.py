@@ -206,6 +206,9 @@ def test_a_rank_killed_mid_run_ends_everything_promptly_and_the_run_resumes(tmp_
     import time
 
     model, out, cfg = _tp2_run(tmp_path, steps=2)
+    # the engine as rank 0's child process, the case where an orphan could outlive the run
+    # (engine.placement auto would put it inside rank 0's own process, which dies with it)
+    cfg.setdefault("engine", {})["placement"] = "process"
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     env = {**os.environ, "RELAX_MEGATRON_CPU_SHIM": "1", "PYTHONUNBUFFERED": "1"}
