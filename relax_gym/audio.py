@@ -14,7 +14,8 @@ trainer, so the three agree token for token and feature for feature:
   changes the last frames of a shorter clip; per clip they depend on the clip alone) and padded
   to a batch with a ``feature_attention_mask`` (:func:`batch_features`).
 
-Only numpy at import time; transformers is loaded when a feature extractor is built.
+Only numpy (and PIL, through the token-run helpers of relax_gym.vision) at import time;
+transformers is loaded when a feature extractor is built.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from relax_gym.errors import MediaError, RelaxGymError
+from relax_gym.vision import collapse_runs, token_runs
 
 AUDIO_TOKEN = "<|audio_pad|>"
 AUDIO_START = "<|audio_start|>"
@@ -199,7 +201,7 @@ def expand_audio_tokens(ids: Sequence[int], counts: Sequence[int], audio_token_i
                         ) -> tuple[list[int], list[tuple[int, int]]]:
     """Expand each run of ``<|audio_pad|>`` to its clip's token count; a run already of that
     length is kept (an engine may be sent either form). Returns the ids and each clip's span."""
-    runs = _runs(ids, audio_token_id)
+    runs = token_runs(ids, audio_token_id)
     if len(runs) != len(counts):
         raise AudioInputError(f"the prompt holds {len(runs)} {AUDIO_TOKEN} placeholder(s) but {len(counts)} "
                               "audio clip(s) were given")
@@ -220,28 +222,7 @@ def expand_audio_tokens(ids: Sequence[int], counts: Sequence[int], audio_token_i
 
 def collapse_audio_tokens(ids: Sequence[int], audio_token_id: int | None) -> list[int]:
     """One ``<|audio_pad|>`` per run, as the chat template renders it (what SGLang expands)."""
-    if audio_token_id is None:
-        return list(ids)
-    out: list[int] = []
-    for t in ids:
-        if t == audio_token_id and out and out[-1] == audio_token_id:
-            continue
-        out.append(int(t))
-    return out
-
-
-def _runs(ids: Sequence[int], token: int) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    start = None
-    for i, t in enumerate(ids):
-        if t == token and start is None:
-            start = i
-        elif t != token and start is not None:
-            runs.append((start, i))
-            start = None
-    if start is not None:
-        runs.append((start, len(ids)))
-    return runs
+    return collapse_runs(ids, audio_token_id)
 
 
 _PAYLOADS: OrderedDict[bytes, str] = OrderedDict()

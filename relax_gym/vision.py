@@ -125,8 +125,8 @@ def image_token_count(grid_thw: Any, merge_size: int) -> int:
     return t * h * w // (merge_size**2)
 
 
-def _runs(ids: list[int], token_id: int) -> list[tuple[int, int]]:
-    """(start, end) of each maximal run of ``token_id`` in ``ids``."""
+def token_runs(ids: Sequence[int], token_id: int) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of ``token_id`` in ``ids`` (image, video or audio pads)."""
     runs: list[tuple[int, int]] = []
     i, n = 0, len(ids)
     while i < n:
@@ -147,7 +147,7 @@ def expand_image_tokens(input_ids: list[int], counts: list[int], image_token_id:
     A run of length 1 is expanded; a run already of the right length is kept; any other length,
     or a number of runs different from the number of images, is an error.
     """
-    runs = _runs(input_ids, image_token_id)
+    runs = token_runs(input_ids, image_token_id)
     if len(runs) != len(counts):
         raise VisionInputError(
             f"the prompt has {len(runs)} image placeholder(s) ({IMAGE_TOKEN} runs) "
@@ -208,11 +208,16 @@ def prepare_vision_inputs(
 def collapse_image_tokens(ids: Sequence[int], image_token_id: int | None) -> list[int]:
     """The inverse of :func:`expand_image_tokens`: each run of image pads shortened to one, as the
     chat template renders it (for comparing with a render, and for readable dumps)."""
-    if image_token_id is None:
+    return collapse_runs(ids, image_token_id)
+
+
+def collapse_runs(ids: Sequence[int], token_id: int | None) -> list[int]:
+    """``ids`` with each run of ``token_id`` shortened to one token (None: unchanged)."""
+    if token_id is None:
         return list(ids)
     out: list[int] = []
     for t in ids:
-        if t == image_token_id and out and out[-1] == image_token_id:
+        if t == token_id and out and out[-1] == token_id:
             continue
         out.append(t)
     return out
@@ -228,8 +233,10 @@ __all__ = [
     "VisionTokens",
     "build_image_processor",
     "collapse_image_tokens",
+    "collapse_runs",
     "expand_image_tokens",
     "image_token_count",
     "load_image_processor",
     "prepare_vision_inputs",
+    "token_runs",
 ]

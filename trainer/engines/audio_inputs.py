@@ -16,31 +16,21 @@ from relax_gym.audio import AudioInputError, AudioSupport, decode_audio_item, ex
 from relax_gym.errors import MediaError
 
 
-def check_raw_audios(items: Any, limits: Any, bad_request: type[Exception]) -> None:
-    """Count and encoded-size checks on ``audio_data`` before anything is decoded."""
-    if not isinstance(items, list) or not items:
-        return
-    if len(items) > limits.max_audios:
-        raise bad_request(f"{len(items)} audio clips in one request; at most {limits.max_audios} are accepted")
-    b64_chars = limits.max_audio_bytes * 4 // 3 + 4096
-    for k, item in enumerate(items):
-        if isinstance(item, str) and len(item) > b64_chars:
-            raise bad_request(f"audio_data[{k}]: {len(item)} characters of base64 exceed the limit of "
-                              f"{limits.max_audio_bytes} bytes per clip")
+NO_AUDIO_SUPPORT = "audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)"
 
 
 def audio_inputs(ids: list[int], items: list[Any] | None, support: AudioSupport | None, limits: Any,
                  bad_request: type[Exception]) -> tuple[list[int], dict[str, Any] | None]:
     """Expanded ids and ``input_features`` / ``feature_attention_mask`` for a request's audio,
-    or the ids unchanged and None when it has none; bad input raises ``bad_request``."""
+    or the ids unchanged and None when it has none; bad input raises ``bad_request``. The count
+    and encoded sizes are checked before (``prepare.check_raw_audios``)."""
     if support is None:
         if items:
-            raise bad_request("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
+            raise bad_request(NO_AUDIO_SUPPORT)
         return ids, None
     items = list(items or [])
     if not items and support.audio_token_id not in ids:
         return ids, None
-    check_raw_audios(items, limits, bad_request)
     waves = []
     for k, item in enumerate(items):
         try:
@@ -56,4 +46,4 @@ def audio_inputs(ids: list[int], items: list[Any] | None, support: AudioSupport 
     return ids, support.features(prepared.waves)
 
 
-__all__ = ["audio_inputs", "check_raw_audios"]
+__all__ = ["NO_AUDIO_SUPPORT", "audio_inputs"]

@@ -32,7 +32,7 @@ from relax_gym.media import MediaLimits, load_image
 from relax_gym.protocol import GenerateRequest, SamplingParams
 from relax_gym.vision import VisionInputError, VisionInputs, prepare_vision_inputs
 
-from relax_gym.trainer.engines.audio_inputs import audio_inputs, check_raw_audios
+from relax_gym.trainer.engines.audio_inputs import NO_AUDIO_SUPPORT, audio_inputs
 from relax_gym.trainer.engines.model_runner import ModelRunner
 from relax_gym.trainer.engines.sampling import SamplingSpec
 
@@ -167,8 +167,8 @@ def check_prompt_chars(n_chars: int, runner: ModelRunner, limits: InputLimits, w
 def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputLimits) -> None:
     """Size checks on a ``/generate`` body as parsed JSON, before it is validated and copied."""
     if data.get("audio_data") and getattr(runner, "audio_support", None) is None:
-        raise BadRequest("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
-    check_raw_audios(data.get("audio_data"), limits, BadRequest)
+        raise BadRequest(NO_AUDIO_SUPPORT)
+    check_raw_audios(data.get("audio_data"), limits)
     check_raw_videos(data.get("video_data"), limits)
     text, ids = data.get("text"), data.get("input_ids")
     if isinstance(text, str):
@@ -178,13 +178,17 @@ def check_raw_generate(data: dict[str, Any], runner: ModelRunner, limits: InputL
     images = data.get("image_data")
     if isinstance(images, list):
         check_image_count(len(images), limits)
-        b64_chars = limits.max_image_bytes * 4 // 3 + 4096  # base64 plus a data-URL header
-        for k, item in enumerate(images):
-            if isinstance(item, str) and len(item) > b64_chars:
-                raise BadRequest(
-                    f"image_data[{k}]: {len(item)} characters of base64 exceed the limit of "
-                    f"{limits.max_image_bytes} bytes per image"
-                )
+        check_encoded_sizes(images, "image_data", "image", limits.max_image_bytes)
+
+
+def check_encoded_sizes(items: list[Any], field: str, noun: str, max_bytes: int) -> None:
+    """Each base64 entry of a media list (``image_data``, ``video_data``, ``audio_data``) within
+    ``max_bytes`` once decoded, checked on its length before anything is decoded."""
+    b64_chars = max_bytes * 4 // 3 + 4096  # base64 plus a data-URL header
+    for k, item in enumerate(items):
+        if isinstance(item, str) and len(item) > b64_chars:
+            raise BadRequest(f"{field}[{k}]: {len(item)} characters of base64 exceed the limit of "
+                             f"{max_bytes} bytes per {noun}")
 
 
 def check_raw_videos(videos: Any, limits: InputLimits) -> None:
@@ -193,11 +197,16 @@ def check_raw_videos(videos: Any, limits: InputLimits) -> None:
         return
     if len(videos) > limits.max_videos:
         raise BadRequest(f"{len(videos)} videos in one request; at most {limits.max_videos} are accepted")
-    b64_chars = limits.max_video_bytes * 4 // 3 + 4096
-    for k, item in enumerate(videos):
-        if isinstance(item, str) and len(item) > b64_chars:
-            raise BadRequest(f"video_data[{k}]: {len(item)} characters of base64 exceed the limit of "
-                             f"{limits.max_video_bytes} bytes per video")
+    check_encoded_sizes(videos, "video_data", "video", limits.max_video_bytes)
+
+
+def check_raw_audios(items: Any, limits: InputLimits) -> None:
+    """Count and encoded-size checks on ``audio_data`` before anything is decoded."""
+    if not isinstance(items, list) or not items:
+        return
+    if len(items) > limits.max_audios:
+        raise BadRequest(f"{len(items)} audio clips in one request; at most {limits.max_audios} are accepted")
+    check_encoded_sizes(items, "audio_data", "clip", limits.max_audio_bytes)
 
 
 def decode_videos(items: list[Any], limits: InputLimits) -> list[tuple[Any, float]]:
@@ -345,7 +354,7 @@ def prepare_prompt(
     """Token ids (and Qwen-VL image inputs) for a request; raises BadRequest."""
     limits = _with_paths(limits or InputLimits(), allow_media_paths)
     if req.audio_data and getattr(runner, "audio_support", None) is None:
-        raise BadRequest("audio_data was given but the served model takes no audio (a Qwen3-Omni thinker does)")
+        raise BadRequest(NO_AUDIO_SUPPORT)
     if req.video_data and getattr(runner, "video_support", None) is None:
         raise BadRequest("video_data was given but the served model takes no video (Qwen3-VL does)")
     if req.input_ids is not None:
@@ -379,6 +388,7 @@ def prepare_prompt(
         except (ValueError, OSError) as exc:
             raise BadRequest(f"image_data: cannot process the image(s): {exc}") from None
         ids = vision.input_ids
+    check_raw_audios(req.audio_data, limits)
     ids, audio = audio_inputs(ids, req.audio_data, getattr(runner, "audio_support", None), limits, BadRequest)
     if audio is not None and vision is not None:  # the omni thinker reads images and audio in one prompt
         image_id = runner.vision_tokens.image_token_id if runner.vision_tokens is not None else None

@@ -30,6 +30,7 @@ from relax_gym.chat import DriftReport
 from relax_gym.errors import RelaxGymError
 from relax_gym.transcript import MediaWriter, message_from_record, message_to_record
 from relax_gym.types import AudioPart, ImagePart, Message, ToolCall, VideoPart
+from relax_gym.vision import token_runs
 
 StopReason = Literal[
     "env_done",  # the env terminated the episode
@@ -199,7 +200,7 @@ class Trajectory:
         if self.stop_reason not in STOP_REASONS:
             raise TrajectoryError(f"unknown stop reason {self.stop_reason!r}")
         if self.image_token_id is not None:
-            runs = _count_runs(self.token_ids, self.image_token_id)
+            runs = len(token_runs(self.token_ids, self.image_token_id))
             if runs != len(self.images) or len(self.images) != len(self.image_grid_thw):
                 raise TrajectoryError(
                     f"{runs} image placeholder runs, {len(self.images)} images and "
@@ -386,16 +387,6 @@ def _load_frames(media_dir: str | Path | None, item: dict[str, Any]) -> VideoPar
     if media_dir is None:
         raise TrajectoryError("the record holds videos: pass media_dir")
     return VideoPart(np.load(Path(media_dir) / item["path"], allow_pickle=False), float(item["fps"]))
-
-
-def _count_runs(ids: list[int], token_id: int) -> int:
-    runs, prev = 0, False
-    for t in ids:
-        cur = t == token_id
-        if cur and not prev:
-            runs += 1
-        prev = cur
-    return runs
 
 
 def json_safe(value: Any, *, depth: int = 0) -> Any:
