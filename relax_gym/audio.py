@@ -25,7 +25,6 @@ import hashlib
 import io
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from relax_gym.content_cache import ContentCache
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.vision import collapse_runs, token_runs
 
@@ -225,7 +225,7 @@ def collapse_audio_tokens(ids: Sequence[int], audio_token_id: int | None) -> lis
     return collapse_runs(ids, audio_token_id)
 
 
-_PAYLOADS: OrderedDict[bytes, str] = OrderedDict()
+_PAYLOADS: ContentCache[str] = ContentCache(256)  # clips
 
 
 def audio_payload(wave: np.ndarray) -> str:
@@ -233,11 +233,10 @@ def audio_payload(wave: np.ndarray) -> str:
     samples the trainer keeps (16-bit PCM would not round-trip). Cached by content: a GRPO group
     sends one clip several times."""
     arr = np.ascontiguousarray(wave, dtype=np.float32)
-    key = hashlib.sha1(arr.tobytes()).digest()
-    hit = _PAYLOADS.get(key)
-    if hit is not None:
-        _PAYLOADS.move_to_end(key)
-        return hit
+    return _PAYLOADS.get_or_make(hashlib.sha1(arr.tobytes()).digest(), lambda: _wav_data_url(arr))
+
+
+def _wav_data_url(arr: np.ndarray) -> str:
     try:
         import soundfile as sf
     except ImportError:
@@ -245,11 +244,7 @@ def audio_payload(wave: np.ndarray) -> str:
                          "pip install 'relax-gym[audio]'") from None
     buf = io.BytesIO()
     sf.write(buf, arr, SAMPLE_RATE, format="WAV", subtype="FLOAT")
-    url = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    _PAYLOADS[key] = url
-    while len(_PAYLOADS) > 256:
-        _PAYLOADS.popitem(last=False)
-    return url
+    return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def decode_audio_item(item: Any, *, max_bytes: int, max_seconds: float) -> np.ndarray:

@@ -22,9 +22,7 @@ import hashlib
 import io
 import math
 import os
-import threading
 import wave
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from relax_gym.content_cache import ContentCache
 from relax_gym.errors import MediaError, describe_source
 
 MediaSource = bytes | bytearray | memoryview | str | os.PathLike[str]
@@ -526,9 +525,7 @@ def _load_video_decord(
     return np.ascontiguousarray(arr.astype(np.uint8)), float(plan.effective_fps)
 
 
-_ENCODED_VIDEOS: OrderedDict[bytes, bytes] = OrderedDict()
-_ENCODED_VIDEOS_MAX = 64  # clips; ours are a few KB each
-_ENCODED_VIDEOS_LOCK = threading.Lock()
+_ENCODED_VIDEOS: ContentCache[bytes] = ContentCache(64)  # clips; ours are a few KB each
 
 
 def encode_video(frames: np.ndarray, fps: float) -> bytes:
@@ -546,18 +543,7 @@ def encode_video(frames: np.ndarray, fps: float) -> bytes:
     if arr.ndim != 4 or arr.shape[-1] != 3 or arr.shape[0] == 0:
         raise MediaError("video", f"<array shape={arr.shape}>", "expected uint8 frames [T, H, W, 3], T >= 1")
     arr = np.ascontiguousarray(arr, dtype=np.uint8)
-    key = frames_key(arr, fps)
-    with _ENCODED_VIDEOS_LOCK:
-        cached = _ENCODED_VIDEOS.get(key)
-        if cached is not None:
-            _ENCODED_VIDEOS.move_to_end(key)
-            return cached
-    data = _encode_video(arr, fps)
-    with _ENCODED_VIDEOS_LOCK:
-        _ENCODED_VIDEOS[key] = data
-        while len(_ENCODED_VIDEOS) > _ENCODED_VIDEOS_MAX:
-            _ENCODED_VIDEOS.popitem(last=False)
-    return data
+    return _ENCODED_VIDEOS.get_or_make(frames_key(arr, fps), lambda: _encode_video(arr, fps))
 
 
 def _encode_video(arr: np.ndarray, fps: float) -> bytes:

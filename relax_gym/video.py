@@ -26,8 +26,6 @@ from __future__ import annotations
 import io
 import math
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from relax_gym.content_cache import ContentCache
 from relax_gym.errors import MediaError
 
 VIDEO_TOKEN = "<|video_pad|>"
@@ -343,9 +342,7 @@ def encode_lossless(frames: np.ndarray, fps: float) -> bytes:
     return buf.getvalue()
 
 
-_PAYLOADS: OrderedDict[bytes, str] = OrderedDict()
-_PAYLOADS_MAX = 64  # clips; a group's samples share one clip, so most calls hit
-_PAYLOADS_LOCK = threading.Lock()
+_PAYLOADS: ContentCache[str] = ContentCache(64)  # clips; a group's samples share one clip, so most calls hit
 
 
 def video_payload(frames: np.ndarray, fps: float) -> str:
@@ -354,18 +351,7 @@ def video_payload(frames: np.ndarray, fps: float) -> str:
     from relax_gym.media import frames_key, to_data_url
 
     arr = np.ascontiguousarray(frames, dtype=np.uint8)
-    key = frames_key(arr, fps)
-    with _PAYLOADS_LOCK:
-        hit = _PAYLOADS.get(key)
-        if hit is not None:
-            _PAYLOADS.move_to_end(key)
-            return hit
-    url = to_data_url(encode_lossless(arr, fps), "mp4")
-    with _PAYLOADS_LOCK:
-        _PAYLOADS[key] = url
-        while len(_PAYLOADS) > _PAYLOADS_MAX:
-            _PAYLOADS.popitem(last=False)
-    return url
+    return _PAYLOADS.get_or_make(frames_key(arr, fps), lambda: to_data_url(encode_lossless(arr, fps), "mp4"))
 
 
 __all__ = [

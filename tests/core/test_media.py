@@ -145,8 +145,7 @@ def test_encoded_videos_are_memoised_by_content(monkeypatch: pytest.MonkeyPatch)
         return real(arr, fps)
 
     monkeypatch.setattr(media, "_encode_video", counting)
-    monkeypatch.setattr(media, "_ENCODED_VIDEOS", type(media._ENCODED_VIDEOS)())
-    monkeypatch.setattr(media, "_ENCODED_VIDEOS_MAX", 2)
+    monkeypatch.setattr(media, "_ENCODED_VIDEOS", media.ContentCache(2))
     a, b = _frames(), _frames()
     b[:, :8, :8] = (255, 0, 0)  # a red corner
     first = media.encode_video(a, 6.0)

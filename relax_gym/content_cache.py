@@ -1,0 +1,46 @@
+"""A small bounded cache of encodings keyed by content, shared by the media encoders.
+
+A GRPO group's samples and an episode's turns send the same clip again and again, so each clip's
+encoding (mp4 bytes, a ``video_data`` or ``audio_data`` URL) is kept once, newest last, and the
+oldest falls out past the bound. Rollout threads share it, hence the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+
+class ContentCache(Generic[V]):
+    """Least-recently-used ``key -> value`` with at most ``max_items`` entries, thread-safe."""
+
+    def __init__(self, max_items: int) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[bytes, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_make(self, key: bytes, make: Callable[[], V]) -> V:
+        """The cached value for ``key``, or ``make()``'s, kept. ``make`` runs outside the lock
+        (an encode may take a while); two threads may both make a missing value, the last kept."""
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit
+        value = make()
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+__all__ = ["ContentCache"]
