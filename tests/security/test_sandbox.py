@@ -66,11 +66,24 @@ def sandbox_processes() -> list[int]:
     return [pid for pids in sandbox_processes_by_uid().values() for pid in pids]
 
 
+def describe_process(pid: int) -> str:
+    """State, parent and command line of a leftover process, for the failure message."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as fh:
+            fields = dict(line.split(":", 1) for line in fh if ":" in line)
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"{pid}: gone"
+    return f"{pid}: state {fields.get('State', '?').strip()}, ppid {fields.get('PPid', '?').strip()}, cmd {cmd!r}"
+
+
 def assert_pool_healthy(pool: SandboxPool) -> None:
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15  # teardown is asynchronous; a loaded CI box is slow
     while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox_processes() == [], "processes of a call outlived it"
+    left = sandbox_processes()
+    assert left == [], f"processes of a call outlived it: {[describe_process(pid) for pid in left]}"
     assert pool.run("print('still serving')").stdout == "still serving\n"
 
 
@@ -525,3 +538,35 @@ def test_fork_and_allocate_bomb_stays_within_the_total(ns_pool: SandboxPool) -> 
     assert peak["vm_kib"] <= total_mb * 1024, peak
     assert peak["rss_kib"] >= total_mb * 1024 // 2, peak  # the bomb did fill its share
     assert_pool_healthy(ns_pool)
+
+
+def test_a_killed_supervisor_leaves_no_orphan_to_init(fallback_pool: SandboxPool) -> None:
+    """The supervisor dies mid-session (SIGKILL): its executor and runner die with it, and what
+    the code started is adopted and reaped by the zygote (the subreaper above every
+    supervisor), not handed to the machine's init, which in a container may never reap."""
+    with fallback_pool.session(timeout_s=5) as s:
+        started = s.run(
+            "import os, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.setsid()\n"
+            "    time.sleep(3)\n"
+            "    os._exit(0)\n"
+            "print(pid)"
+        )
+        assert started.exit_code == 0, started
+        orphan = int(started.stdout)
+        worker = s._worker
+        assert worker is not None
+        os.kill(worker.pid, signal.SIGKILL)
+        dying = {worker.pid, worker.executor_pid, worker.runner_pid}
+        deadline = time.monotonic() + 10
+        parent = worker.pid
+        while parent in dying and time.monotonic() < deadline:  # R, then E, then the supervisor die
+            time.sleep(0.02)
+            with open(f"/proc/{orphan}/status", encoding="utf-8") as fh:
+                parent = int(next(line for line in fh if line.startswith("PPid:")).split()[1])
+        assert fallback_pool._proc is not None
+        assert parent == fallback_pool._proc.pid, describe_process(orphan)
+        assert_pool_healthy(fallback_pool)
+        assert s.run("print(1)").stdout == ""  # that session is gone: a clear error, no hang

@@ -807,6 +807,7 @@ def parse_result(raw: bytes) -> tuple[int, int, str | None] | None:
 # ------------------------------------------------------------------------------------------------
 BACKSTOP_MARGIN_S = 2.0
 SHUTDOWN_GRACE_S = 3.0
+REAP_GRACE_S = 10.0
 _PIPE_BYTES = 1 << 20
 F_SETPIPE_SZ = 1031
 
@@ -974,7 +975,10 @@ def supervisor_main(host: socket.socket, caps: dict[str, Any], uid: int | None, 
         pass  # the host went away
     finally:
         ex.kill()
-        _reap_children(time.monotonic() + 1.0)
+        # Everything left was SIGKILLed: wait for it (a loaded machine can take seconds to
+        # tear down a big interpreter). What still outlives this goes to the zygote, the
+        # subreaper above us, never to the machine's init (which may not reap at all).
+        _reap_children(time.monotonic() + REAP_GRACE_S)
         if setup.get("type") == "setup" and not caps["filesystem"]:
             shutil.rmtree(setup["workdir"], ignore_errors=True)
     os._exit(0)
@@ -1122,8 +1126,9 @@ def _preload(names: str) -> None:
 
 
 def _reap_exited(children: set[int]) -> None:
-    """Forget the supervisors that have exited (without waiting for the others)."""
-    while children:
+    """Reap whatever has exited without waiting for the rest: the supervisors, and (as the
+    subreaper) any process whose supervisor died before it could reap it."""
+    while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -1182,6 +1187,7 @@ def _stop_supervisors(children: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    _reap_children(time.monotonic() + SHUTDOWN_GRACE_S)  # them, and orphans they left us
 
 
 def zygote_main(argv: list[str]) -> int:
@@ -1192,6 +1198,9 @@ def zygote_main(argv: list[str]) -> int:
     # per-call uid is dropped to -- cannot ptrace these processes or open their descriptors
     # through /proc.
     _c().prctl(PR_SET_DUMPABLE, ctypes.c_ulong(0), 0, 0, 0)
+    # Orphans of a supervisor that died (killed by the host, or out of time reaping) come here
+    # and are reaped each tick: in a container the machine's init may never reap them.
+    _c().prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), 0, 0, 0)
     caps, problem = _zygote_capabilities(args.isolation, args.drop_privileges)
     _preload(args.preload)
     ctl.sendall(encode_message({"type": "hello", "pid": os.getpid(), "caps": caps, "error": problem}))
