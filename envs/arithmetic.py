@@ -6,6 +6,11 @@
 * **Action** -- free text (working allowed) ending with the number as ``\\boxed{N}``.
 * **Reward** -- 1.0 for the right number, 0.1 for a well-formed wrong integer, else 0;
   ``success`` means the right number.
+* **Answer format** -- ``answer_format="boxed"`` (default) reads only ``\\boxed{N}``.
+  ``"last_number"`` reads the box when there is one and otherwise the last integer of the reply,
+  like the "flexible" GSM8K match of other RL stacks: small pretrained models that reason
+  correctly but never learned the box then get credit for the number they end on
+  (``info["answer_source"]`` says which rule read it).
 * **Difficulty** -- ``easy``: one operation on numbers up to 20 (answers up to 100).
   ``medium``: two operations (answers up to 500). ``hard``: three or more operations with
   larger numbers, percentages and exact division (answers up to 5000).
@@ -16,13 +21,23 @@ number, and the problem's answer is computed from the same numbers the text show
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-from ._answers import parse_int
-from ._base import BoxedAnswerEnv, Task
+from relax_gym.types import Action, Observation
+
+from ._answers import MAX_ANSWER_CHARS, boxed_answer, parse_int
+from ._base import BoxedAnswerEnv, EnvOptionError, Task
+
+AnswerFormat = Literal["boxed", "last_number"]
+ANSWER_FORMATS: tuple[str, ...] = ("boxed", "last_number")
+# A number as written: thousands groups (1,024) or plain digits, with an optional decimal part
+# (so "2.5" is one wrong number, not a right "5").
+_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?!\d)")
 
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Goran", "Hana", "Ivan", "Julia", "Kofi", "Lena")
 ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "stamps", "shells", "cards")
@@ -165,6 +180,23 @@ class ArithmeticWordEnv(BoxedAnswerEnv[Level]):
     modalities = ("text",)
     tags = ("math", "text")
 
+    def __init__(self, difficulty: str = "easy", answer_format: AnswerFormat = "boxed") -> None:
+        super().__init__(difficulty)
+        if answer_format not in ANSWER_FORMATS:
+            raise EnvOptionError(f"answer_format must be one of {list(ANSWER_FORMATS)}, got {answer_format!r}")
+        self.answer_format = answer_format
+
+    def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        text = Action.coerce(action).text
+        boxed = boxed_answer(text)
+        if self.answer_format == "boxed" or (boxed is not None and self.parse_answer(boxed) is not None):
+            observation, reward, terminated, truncated, info = super().step(text)
+            return observation, reward, terminated, truncated, {**info, "answer_source": "boxed" if boxed is not None else None}
+        last = last_integer(text)
+        reward, info = self.grade_answer(last)
+        source = "last_number" if last is not None else None
+        return Observation(), reward, True, False, {**info, **self.require_task().details, "answer_source": source}
+
     def make_task(self, level: Level) -> Task:
         template = level.templates[int(self.np_random.integers(0, len(level.templates)))]
         story, answer = template(self.np_random)
@@ -177,3 +209,10 @@ class ArithmeticWordEnv(BoxedAnswerEnv[Level]):
     def random_answer(self, rng: np.random.Generator) -> str:
         lo, hi = self.level.answer_range
         return str(int(rng.integers(lo, hi + 1)))
+
+
+def last_integer(text: str) -> str | None:
+    """The last number written in ``text`` (``parse_answer`` then rejects a decimal), or
+    None. Only the reply's last ``MAX_ANSWER_CHARS`` characters are searched: linear time."""
+    found = _NUMBER.findall(text[-MAX_ANSWER_CHARS:])
+    return found[-1] if found else None

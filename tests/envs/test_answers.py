@@ -40,6 +40,35 @@ def test_parsers() -> None:
     assert arithmetic.ArithmeticWordEnv().parse_answer("\\$1,200") == 1200
 
 
+def test_arithmetic_last_number_format_reads_the_box_first_then_the_last_number() -> None:
+    strict = relax_gym.make("relax/ArithmeticWord-v0", difficulty="easy")
+    flexible = relax_gym.make("relax/ArithmeticWord-v0", difficulty="easy", answer_format="last_number")
+    for seed in range(6):
+        strict.reset(seed=seed)
+        flexible.reset(seed=seed)
+        target = strict.unwrapped.task.target
+        wrong = target + 1
+        cases = {  # reply: (strict reward, flexible reward, flexible answer_source)
+            f"{wrong} + 1 = {target}.": (0.0, 1.0, "last_number"),
+            f"\\boxed{{{target}}} but maybe {wrong}": (1.0, 1.0, "boxed"),
+            f"it is {target}, so \\boxed{{{wrong}}}": (FORMAT_REWARD, FORMAT_REWARD, "boxed"),
+            f"{target} is \\boxed{{N}}": (0.0, 1.0, "last_number"),  # a box with no number in it
+            f"{target}.5 apples": (0.0, 0.0, "last_number"),  # a decimal is not the integer
+            "I do not know": (0.0, 0.0, None),
+        }
+        for reply, (strict_reward, flexible_reward, source) in cases.items():
+            strict.reset(seed=seed)
+            flexible.reset(seed=seed)
+            assert strict.step(reply)[1] == pytest.approx(strict_reward), reply
+            _, reward, done, _, info = flexible.step(reply)
+            assert (reward, done, info["answer_source"]) == (pytest.approx(flexible_reward), True, source), reply
+            assert info["success"] == (flexible_reward == 1.0)
+    assert arithmetic.last_integer("total 1,024 apples, then 3,4") == "4"
+    assert arithmetic.last_integer("9" * 50_000 + " end") is not None  # long input: bounded, no error
+    with pytest.raises(ValueError, match="answer_format must be one of"):
+        relax_gym.make("relax/ArithmeticWord-v0", answer_format="loose")
+
+
 @pytest.mark.parametrize("env_id", ONE_TURN)
 def test_grading_right_wrong_and_malformed(env_id: str) -> None:
     """The oracle's answer scores 1 (success), a random well-formed wrong answer 0.1, junk 0."""
