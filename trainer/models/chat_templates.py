@@ -143,7 +143,71 @@ CHATML_TOOLS_TEMPLATE = r"""
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
 """.strip()
 
-#: templates ``relax-gym models import --chat-template NAME`` knows by name
-BUILTIN_TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOLS_TEMPLATE}
+# Gemma's turn markup (``<start_of_turn>user`` / ``model``, ``<end_of_turn>``) with the same tool
+# prompt and Hermes ``<tool_call>`` format as chatml-tools. Gemma has no system role: the system
+# text and the tool list open the first user turn; tool results come back as a user turn.
+GEMMA_TOOLS_TEMPLATE = r"""
+{{- bos_token }}
+{%- set sys = messages[0].content if messages and messages[0].role == 'system' else '' %}
+{%- set ns = namespace(prefix='') %}
+{%- if tools %}
+    {%- set ns.prefix = (sys + '
 
-__all__ = ["BUILTIN_TEMPLATES", "CHATML_TOOLS_TEMPLATE", "QWEN3_VL_CHAT_TEMPLATE"]
+' if sys else '') + 'You can call functions. Their signatures, one JSON object per line, are inside <tools></tools>:
+<tools>' %}
+    {%- for tool in tools %}{%- set ns.prefix = ns.prefix + '
+' + (tool | tojson) %}{%- endfor %}
+    {%- set ns.prefix = ns.prefix + '
+</tools>
+
+To call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> tags, for example:
+<tool_call>
+{"name": "function_name", "arguments": {"arg": "value"}}
+</tool_call>
+
+' %}
+{%- elif sys %}
+    {%- set ns.prefix = sys + '
+
+' %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == 'system' and loop.first %}
+    {%- elif message.role == 'assistant' %}
+        {{- '<start_of_turn>model
+' + (message.content or '') }}
+        {%- for call in (message.tool_calls or []) %}
+            {%- set fn = call.function if call.function is defined else call %}
+            {%- if (loop.first and message.content) or not loop.first %}{{- '
+' }}{%- endif %}
+            {{- '<tool_call>
+{"name": "' + fn.name + '", "arguments": ' }}
+            {%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
+            {{- '}
+</tool_call>' }}
+        {%- endfor %}
+        {{- '<end_of_turn>
+' }}
+    {%- elif message.role == 'tool' %}
+        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<start_of_turn>user' }}{%- endif %}
+        {{- '
+<tool_response>
+' + message.content + '
+</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<end_of_turn>
+' }}{%- endif %}
+    {%- else %}
+        {{- '<start_of_turn>user
+' + ns.prefix + message.content + '<end_of_turn>
+' }}
+        {%- set ns.prefix = '' %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<start_of_turn>model
+' }}{%- endif %}
+""".strip()
+
+#: templates ``relax-gym models import --chat-template NAME`` knows by name
+BUILTIN_TEMPLATES: dict[str, str] = {"chatml-tools": CHATML_TOOLS_TEMPLATE, "gemma-tools": GEMMA_TOOLS_TEMPLATE}
+
+__all__ = ["BUILTIN_TEMPLATES", "CHATML_TOOLS_TEMPLATE", "GEMMA_TOOLS_TEMPLATE", "QWEN3_VL_CHAT_TEMPLATE"]

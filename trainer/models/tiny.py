@@ -23,9 +23,10 @@ from relax_gym.trainer.models._threads import torch_threads
 from relax_gym.trainer.models.chat_templates import QWEN3_VL_CHAT_TEMPLATE
 from relax_gym.trainer.models.tokenizer import load_qwen3_tokenizer, train_tiny_bpe
 
-ModelKind = Literal["qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2"]
+ModelKind = Literal["qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2", "gemma3"]
 TokenizerKind = Literal["qwen3", "tiny-bpe"]
-KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2")  # llama/qwen2: the imported real families
+# llama/qwen2/gemma3: the imported real families
+KINDS: tuple[str, ...] = ("qwen3", "qwen3_vl", "qwen3_omni", "llama", "qwen2", "gemma3")
 
 # Text-model defaults; any of them can be overridden through build_tiny_model(**overrides).
 TEXT_DEFAULTS: dict[str, Any] = {
@@ -170,6 +171,8 @@ def _build(
         model = Qwen3ForCausalLM(config)
     elif model_kind in ("llama", "qwen2"):
         config, model = _text_family(model_kind, text_cfg, eos, ids["<|endoftext|>"])
+    elif model_kind == "gemma3":
+        config, model = _gemma3(text_cfg, eos, ids["<|endoftext|>"])
     elif model_kind == "qwen3_omni":
         _build_omni_into(out, tok, text_cfg, ids, audio, vision, image_min_pixels, image_max_pixels)
         model = config = None
@@ -270,6 +273,35 @@ def _text_family(kind: str, text_cfg: dict[str, Any], eos: list[int], pad: int) 
     )
     config.architectures = [model_cls.__name__]
     return config, model_cls(config)
+
+
+GEMMA3_SLIDING_WINDOW = 64  # small, so a test can reach it; Gemma-3-270M's is 512
+
+
+def _gemma3(text_cfg: dict[str, Any], eos: list[int], pad: int) -> tuple[Any, Any]:
+    """A tiny Gemma-3 text model: sliding-window layers, then a full one (Gemma-3's 5:1 pattern,
+    cut short), local and global RoPE bases, embeddings scaled by sqrt(hidden)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = dict(text_cfg)
+    layers = int(cfg.pop("num_hidden_layers"))
+    cfg.setdefault("sliding_window", GEMMA3_SLIDING_WINDOW)
+    config = Gemma3TextConfig(
+        **cfg,
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 or i == layers - 1 else "sliding_attention" for i in range(layers)],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+        },
+        query_pre_attn_scalar=cfg["head_dim"],
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    config.architectures = ["Gemma3ForCausalLM"]
+    return config, Gemma3ForCausalLM(config)
 
 
 def folder_size_bytes(path: str | Path) -> int:
