@@ -29,6 +29,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def wilson_interval(success: float, episodes: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a success rate over ``episodes`` Bernoulli trials."""
+    if episodes <= 0:
+        return 0.0, 1.0
+    centre = (success + z * z / (2 * episodes)) / (1 + z * z / episodes)
+    half = z * ((success * (1 - success) / episodes + z * z / (4 * episodes * episodes)) ** 0.5) / (1 + z * z / episodes)
+    return round(max(0.0, centre - half), 3), round(min(1.0, centre + half), 3)
+
+
 def summarize(out_dir: Path, target: float) -> dict[str, Any]:
     from relax_gym.trainer.observability import read_metrics
 
@@ -56,6 +65,13 @@ def summarize(out_dir: Path, target: float) -> dict[str, Any]:
         "target_reached_at_min": round(reached["elapsed_s"] / 60, 2) if reached else None,
         "target_reached_at_step": reached["step"] if reached else None,
         "final_success": evals[-1]["success"] if evals else None,
+        # 95% Wilson intervals of the first and last held-out evals (episodes x envs trials)
+        "ci95_at_rl_start": wilson_interval(rl_start["success"], int(rl_start.get("episodes", 0))) if rl_start else None,
+        "ci95_final": wilson_interval(evals[-1]["success"], int(evals[-1].get("episodes", 0))) if evals else None,
+        "intervals_overlap": (
+            wilson_interval(evals[-1]["success"], int(evals[-1].get("episodes", 0)))[0]
+            <= wilson_interval(rl_start["success"], int(rl_start.get("episodes", 0)))[1]
+        ) if rl_start and evals else None,
         "total_min": round(records[-1]["elapsed_s"] / 60, 2) if records else None,
         "median_rl_step_s": sorted(step_times)[len(step_times) // 2] if step_times else None,
         "median_phase_s": breakdown,

@@ -111,7 +111,7 @@ def _add_input_limit_arguments(s: argparse.ArgumentParser) -> None:
 
 
 def _add_build_tiny_arguments(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--kind", default="qwen3", choices=["qwen3", "qwen3-vl", "qwen3_vl", "qwen3-omni", "qwen3_omni", "llama", "qwen2"])
+    b.add_argument("--kind", default="qwen3", choices=["qwen3", "qwen3-vl", "qwen3_vl", "qwen3-omni", "qwen3_omni", "llama", "qwen2", "gemma3"])
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument(

@@ -2,7 +2,8 @@
 embedded engine -- on a tiny random Llama that went through the GGUF import like SmolLM2 does
 (tests never download the real model). Checks the loop runs with LoRA on the Llama family, the
 engine got merged weights (the policy's logprobs moved), and final_model is a plain HF folder.
-The learning run itself is bench/real_model_rl.sh; its figures are in docs/benchmarks.md."""
+The learning run itself is `python bench/quickstart.py --config examples/real_model_cpu.yaml`; its
+figures are in docs/benchmarks.md, "Real models"."""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ def test_real_model_example_runs_with_lora_on_an_imported_llama(tmp_path: Path) 
         f"model.path={model}", f"output_dir={tmp_path / 'run'}", "train.steps=2", "eval.episodes=4",
         "rollout.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=16",
         "logging.progress=none", "logging.tensorboard=false", "checkpoint.every=0",
-        "warmup.steps=2", "warmup.batch_size=4", "warmup.eval_every=0",
     ])
     assert config.model.lora is not None and config.model.lora.rank == 16
+    assert config.data.envs[0].kwargs["answer_format"] == "last_number" and config.rollout.temperature == 0.6
     summary = train(config)
     records = read_metrics(summary.out_dir / "metrics.jsonl")
-    assert [r for r in records if r["phase"] == "warmup"], "the SFT warm-up ran (with LoRA)"
+    assert not [r for r in records if r["phase"] == "warmup"], "pure GRPO from the base model: no warm-up"
     steps = [r for r in records if r["phase"] == "train"]
     assert len(steps) == 2 and all(0.0 <= r["rollout/reward_mean"] <= 1.0 for r in steps)
     final = summary.out_dir / "final_model"
