@@ -109,9 +109,10 @@ def _annotate(page: Path, args: argparse.Namespace, modes: dict[str, Any]) -> No
         "(docs/models.md says how each model folder was imported). Real models are served by the "
         "embedded engine and played by the `sglang:` agent (greedy, our chat encoder, the folder's "
         "chat template, the `hermes` tool parser). Envs: the text suite plus the text-only tool envs "
-        "of relax/tools-v0. Episode counts are small because a busy 2-core box decodes a 135M model "
-        "at about 10 tokens/s in total: the intervals are wide. Errored episodes (request timeouts "
-        "under load) count as failures and are listed in the `err` column.",
+        "of relax/tools-v0. Episode counts are small because a 2-core box decodes a 135M-270M model "
+        "at 10-60 tokens/s in total: the intervals are wide. Errored episodes (request timeouts "
+        "under load; for Gemma-3, conversations longer than its 512-token sliding window, which the "
+        "engine refuses) count as failures and are listed in the `err` column.",
         "",
         "## Failure modes",
         "",
