@@ -49,6 +49,8 @@ def summarize(out_dir: Path, target: float) -> dict[str, Any]:
     rl_start = evals[0] if evals else None
     reached = next((r for r in evals if r["success"] >= target), None)
     step_times = [r["time/step"] for r in train if "time/step" in r]
+    start_ci = wilson_interval(rl_start["success"], int(rl_start.get("episodes", 0))) if rl_start else None
+    final_ci = wilson_interval(evals[-1]["success"], int(evals[-1].get("episodes", 0))) if evals else None
     breakdown = {}
     for key in ("rollout", "reward", "logprob", "train", "sync"):
         values = [r.get(f"time/{key}", 0.0) for r in train]
@@ -66,12 +68,9 @@ def summarize(out_dir: Path, target: float) -> dict[str, Any]:
         "target_reached_at_step": reached["step"] if reached else None,
         "final_success": evals[-1]["success"] if evals else None,
         # 95% Wilson intervals of the first and last held-out evals (episodes x envs trials)
-        "ci95_at_rl_start": wilson_interval(rl_start["success"], int(rl_start.get("episodes", 0))) if rl_start else None,
-        "ci95_final": wilson_interval(evals[-1]["success"], int(evals[-1].get("episodes", 0))) if evals else None,
-        "intervals_overlap": (
-            wilson_interval(evals[-1]["success"], int(evals[-1].get("episodes", 0)))[0]
-            <= wilson_interval(rl_start["success"], int(rl_start.get("episodes", 0)))[1]
-        ) if rl_start and evals else None,
+        "ci95_at_rl_start": start_ci,
+        "ci95_final": final_ci,
+        "intervals_overlap": final_ci[0] <= start_ci[1] if start_ci and final_ci else None,
         "total_min": round(records[-1]["elapsed_s"] / 60, 2) if records else None,
         "median_rl_step_s": sorted(step_times)[len(step_times) // 2] if step_times else None,
         "median_phase_s": breakdown,

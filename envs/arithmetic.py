@@ -187,15 +187,13 @@ class ArithmeticWordEnv(BoxedAnswerEnv[Level]):
         self.answer_format = answer_format
 
     def step(self, action: Action | str) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        task = self.require_task()
         text = Action.coerce(action).text
-        boxed = boxed_answer(text)
-        if self.answer_format == "boxed" or (boxed is not None and self.parse_answer(boxed) is not None):
-            observation, reward, terminated, truncated, info = super().step(text)
-            return observation, reward, terminated, truncated, {**info, "answer_source": "boxed" if boxed is not None else None}
-        last = last_integer(text)
-        reward, info = self.grade_answer(last)
-        source = "last_number" if last is not None else None
-        return Observation(), reward, True, False, {**info, **self.require_task().details, "answer_source": source}
+        raw, source = boxed_answer(text), "boxed"
+        if self.answer_format == "last_number" and (raw is None or self.parse_answer(raw) is None):
+            raw, source = last_integer(text), "last_number"
+        reward, info = self.grade_answer(raw)
+        return Observation(), reward, True, False, {**info, **task.details, "answer_source": source if raw is not None else None}
 
     def make_task(self, level: Level) -> Task:
         template = level.templates[int(self.np_random.integers(0, len(level.templates)))]

@@ -111,7 +111,7 @@ class TorchBackend(TrainerBackend):
         self.logprob_micro_batch_size = logprob_micro_batch_size or micro_batch_size
         self.config = AutoConfig.from_pretrained(str(self.model_path))
         try:
-            check_servable(self.config, "the torch backend")
+            check_servable(self.config, "the torch backend", for_training=True)
         except UnsupportedArchitecture as exc:
             raise BackendError(str(exc)) from None
         self.model = _model_class(self.config).from_pretrained(str(self.model_path), dtype=torch.float32)

