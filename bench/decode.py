@@ -1,17 +1,21 @@
 """Embedded-engine decode throughput against transformers ``generate()`` at the rollout's batch.
 
     python bench/decode.py [--batch 32] [--tokens 24,128] [--repeats 3] [--threads 1]
-                           [--engines process,in_process] [--json FILE]
+                           [--engines process,in_process] [--groups G] [--json FILE]
 
 The model is bench/modes.py's tiny random Qwen3; the prompts are the vowels task's, rendered by
-the model's chat template (what a rollout sends). Each repeat, interleaved:
+the model's chat template (what a rollout sends): ``--batch`` distinct prompts, or with ``--groups G``
+a GRPO rollout's batch, ``G`` distinct prompts each sent ``--batch / G`` times (``--batch 32
+--groups 4``: 4 prompts x 8 samples). The engine prefills each distinct prompt of a batch once
+(``prefill_rows``, ``prefill_tokens_saved``); ``in_process_nodedupe`` (``--engines``) is the
+in-process engine with that switched off. Each repeat, interleaved:
 
 * **engine**: ``--batch`` concurrent ``/generate`` requests (temperature 1, ``ignore_eos``, so
   every row makes exactly ``N`` tokens) to one ``relax-gym engine serve`` process on 127.0.0.1
   (``process``, ``--threads`` torch threads) and/or to an engine in this process reached
   without a socket (``in_process``, what colocate runs use by default); wall time from the first
-  send to the last reply, plus the engine's own counters: decode steps, prefill batches, time in
-  forward passes, busy time;
+  send to the last reply, plus the engine's own counters: decode steps, prefill batches, prefill
+  rows and tokens run and saved, time in forward passes, busy time;
 * **generate**: the same prompts as one left-padded batch through ``model.generate`` in this
   process (``do_sample=True``, ``min_new_tokens=max_new_tokens=N``), same threads.
 
@@ -32,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+COUNTERS = ("decode_steps", "prefill_batches", "prefill_rows", "prefill_tokens", "prefill_tokens_saved",
+            "forward_seconds", "busy_seconds")
 
 
 def chat_prompts(model: Path, n: int) -> list[list[int]]:
@@ -68,7 +74,7 @@ async def engine_round(url: str, prompts: list[list[int]], tokens: int, seed: in
         after = await client.server_info()
     made = sum(len(o.output_ids) for o in outs)
     return {"wall_s": wall, "tokens": made, "tok_s": made / wall,
-            **{k: after[k] - before[k] for k in ("decode_steps", "prefill_batches", "forward_seconds", "busy_seconds")}}
+            **{k: after[k] - before[k] for k in COUNTERS}}
 
 
 def generate_round(model: Any, tok: Any, prompts: list[list[int]], tokens: int, seed: int) -> dict[str, float]:
@@ -95,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--engines", default="process,in_process",
-                   help="engine placements to time: process (HTTP, child process) and/or in_process")
+                   help="engine placements to time: process (HTTP, child process), in_process, and "
+                        "in_process_nodedupe (in process, every prefill row computed)")
+    p.add_argument("--groups", type=int, default=0,
+                   help="GRPO groups: G distinct prompts, each repeated batch/G times (0: every row distinct)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    if a.groups and (a.groups < 0 or a.batch % a.groups):
+        p.error(f"--groups {a.groups} must divide --batch {a.batch}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     tmp = tempfile.TemporaryDirectory(prefix="bench-decode-")
     model_dir = build_tiny_model("qwen3", Path(tmp.name) / "m", seed=0, tokenizer="tiny-bpe", **MODEL)
-    prompts = chat_prompts(model_dir, a.batch)
+    distinct = chat_prompts(model_dir, a.groups or a.batch)
+    prompts = [q for q in distinct for _ in range(a.batch // len(distinct))]  # a group's rows side by side
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     results: dict[str, Any] = {}
@@ -122,11 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     if "process" in kinds:
         engines["process"] = EmbeddedEngineProcess(model_dir, threads=a.threads,
                                                    extra_args=["--max-batch-size", str(max(64, a.batch))])
-    if "in_process" in kinds:
-        engines["in_process"] = InProcessEngine(model_dir, max_batch_size=max(64, a.batch))
+    for kind in ("in_process", "in_process_nodedupe"):
+        if kind in kinds:
+            engines[kind] = InProcessEngine(model_dir, max_batch_size=max(64, a.batch))
     try:
-        for engine in engines.values():
+        for kind, engine in engines.items():
             engine.start()
+            if kind == "in_process_nodedupe":
+                engine.engine.runner.dedupe_prefill = False
             asyncio.run(engine_round(engine.url, prompts[:2], 4, 0))  # warm-up
         generate_round(model, tok, prompts[:2], 4, 0)
         for n in (int(x) for x in a.tokens.split(",")):
@@ -146,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                 eng = rows[kind]
                 med = {k: statistics.median(x[k] for x in eng) for k in eng[0]}
                 res[kind] = {"tok_s": med["tok_s"], "wall_s": med["wall_s"], "decode_steps": med["decode_steps"],
-                             "prefill_batches": med["prefill_batches"], "forward_s": med["forward_seconds"],
+                             "prefill_batches": med["prefill_batches"], "prefill_rows": med["prefill_rows"],
+                             "prefill_tokens": med["prefill_tokens"],
+                             "prefill_tokens_saved": med["prefill_tokens_saved"], "forward_s": med["forward_seconds"],
                              "busy_s": med["busy_seconds"], "ratio": med["tok_s"] / res["generate_tok_s"]}
             results[f"tokens_{n}"] = res
             print(json.dumps({f"tokens_{n}": res}), flush=True)

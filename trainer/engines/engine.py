@@ -4,7 +4,8 @@ One background thread owns the model. Each loop iteration it
 
 1. takes new requests and control jobs from a thread-safe inbox;
 2. runs control jobs whose conditions hold (pause, continue, abort, weight updates...);
-3. admits waiting requests into the running batch (one batched prefill, then a KV merge);
+3. admits waiting requests into the running batch (one batched prefill, each distinct prompt
+   computed once, then a KV merge);
 4. runs one decode step for every running request and retires the finished ones.
 
 So a request that arrives while others decode joins at the next step, and one that finishes
@@ -26,13 +27,14 @@ Semantics follow SGLang's server:
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,7 +45,7 @@ from relax_gym.vision import VisionInputs
 
 from relax_gym.trainer.engines.kv import BatchKV
 from relax_gym.trainer.engines.prefix_cache import PrefixCache
-from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput
+from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput, dedupe_key
 from relax_gym.trainer.engines.sampling import (
     LogprobMode,
     SamplingSpec,
@@ -227,6 +229,9 @@ class EngineCore:
             "bad_requests": s.bad_requests,
             "generated_tokens": s.generated_tokens,
             "prefill_tokens": rs.prefill_tokens,
+            "prefill_rows": rs.prefill_rows,
+            # prompt tokens a prefill did not run: the row was identical to another in its batch
+            "prefill_tokens_saved": rs.prefill_tokens_saved,
             "cached_tokens": self.prefix_cache.hit_tokens if self.prefix_cache else 0,
             "decode_steps": rs.decode_steps,
             "prefill_batches": s.prefill_batches,
@@ -378,24 +383,45 @@ class EngineCore:
         return not any(j.quiet for j in self._jobs)  # drain before a pending weight update
 
     def _admit(self) -> None:
+        """Prefill a batch of waiting requests and add them to the running batch.
+
+        A request identical to one already in the batch (a GRPO group's samples) costs no
+        prefill tokens: the runner computes it once (see model_runner's ``dedupe_key``). A request
+        with a long cached prefix is prefilled on top of it, alone or with its identical twins.
+        """
         room = self.max_batch_size - len(self._running)
         batch: list[Sequence] = []
         inputs: list[SeqInput] = []
         tokens = 0
+        dedupe = self.runner.dedupe_prefill
+        seen: set[Hashable] = set()
         while self._waiting and len(batch) < room:
             seq = self._waiting[0]
+            if batch and inputs[0].past is not None and not (
+                dedupe and seq.vision is None and not seq.wants_input_logprobs
+                and seq.prompt_ids + seq.output_ids == inputs[0].input_ids
+            ):
+                break  # a cached-prefix request is prefilled on its own (or with its twins)
             inp = seq.prefill_input(self.prefix_cache)
-            if inp.past is not None and inp.past_len < PREFIX_BATCH_MIN and (batch or len(self._waiting) > 1):
-                inp.past, inp.past_len = None, 0  # a batched prefill beats a row of its own here
-            cost = len(inp.input_ids) - inp.past_len
-            if batch and (tokens + cost > self.max_prefill_tokens or inp.past is not None):
+            if inp.past is not None and (
+                (inp.past_len < PREFIX_BATCH_MIN and (batch or len(self._waiting) > 1))
+                or (dedupe and batch and inputs[0].past is None
+                    and dedupe_key(dataclasses.replace(inp, past=None, past_len=0)) in seen)
+            ):
+                inp.past, inp.past_len = None, 0  # a batched prefill (or a twin already in it) beats a row of its own
+            key = dedupe_key(inp) if dedupe else None
+            shared = key is not None and key in seen
+            cost = 0 if shared else len(inp.input_ids) - inp.past_len
+            if batch and not shared and (
+                tokens + cost > self.max_prefill_tokens or inp.past is not None or inputs[0].past is not None
+            ):
                 break
             self._waiting.popleft()
             batch.append(seq)
             inputs.append(inp)
             tokens += cost
-            if inp.past is not None:
-                break  # a cached-prefix request is prefilled on its own
+            if key is not None:
+                seen.add(key)
         try:
             out = self.runner.prefill(inputs)
         except Exception as exc:

@@ -5,13 +5,21 @@ models (Qwen3) and Qwen-VL models (Qwen3-VL) share one code path: positions are 
 sequence and passed explicitly -- plain ``0..n-1`` for text, M-RoPE ``(t, h, w)`` positions
 from the model's own ``get_rope_index`` for Qwen-VL -- so sequences of different lengths and
 with different images batch together under left padding.
+
+A prefill batch computes each distinct sequence once: an RL rollout sends every prompt ``G``
+times (one row per sample of a group), and identical rows have identical KV and logits. The
+runner forwards one row per distinct prompt and copies its KV, last logits and prompt logits
+into every row that shares it (what SGLang's radix cache does by reference; we copy, since each
+row's KV then grows on its own). Only text-only rows are shared: a row with image, video or
+audio inputs is always computed on its own. Sampling stays per row -- only the prefill is shared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +54,18 @@ class SeqInput:
     past_len: int = 0
 
 
+def dedupe_key(seq: SeqInput) -> Hashable | None:
+    """What makes two prefill rows identical (token ids, cached-prefix length, and the
+    multimodal token types of a Qwen-VL row), or None for a row that is never shared: one with
+    image, video or audio inputs (their KV depends on pixel and feature tensors too)."""
+    if (seq.pixel_values is not None or seq.image_grid_thw is not None or seq.pixel_values_videos is not None
+            or seq.video_grid_thw is not None or seq.input_features is not None
+            or seq.feature_attention_mask is not None):
+        return None
+    types = None if seq.mm_token_type_ids is None or not any(seq.mm_token_type_ids) else tuple(seq.mm_token_type_ids)
+    return tuple(seq.input_ids), seq.past_len, types
+
+
 @dataclass(slots=True)
 class PrefillOutput:
     last_logits: torch.Tensor  # [B, V]
@@ -54,11 +74,25 @@ class PrefillOutput:
     rope_deltas: list[int]  # M-RoPE offset of each row (0 for text models)
     kv: BatchKV
 
+    def expand(self, rows: list[int], want_prompt_logits: list[bool]) -> PrefillOutput:
+        """Row ``i`` of the result is row ``rows[i]`` of this one (KV copied per row)."""
+        kv = self.kv.select(rows)
+        assert kv is not None
+        return PrefillOutput(
+            last_logits=self.last_logits.index_select(0, torch.tensor(rows, dtype=torch.long)),
+            prompt_logits=[self.prompt_logits[r] if w else None for r, w in zip(rows, want_prompt_logits, strict=True)],
+            next_positions=[self.next_positions[r] for r in rows],
+            rope_deltas=[self.rope_deltas[r] for r in rows],
+            kv=kv,
+        )
+
 
 @dataclass(slots=True)
 class RunnerStats:
     forward_s: float = 0.0  # time spent inside model forward passes (the engine's busy time)
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens run through the model
+    prefill_rows: int = 0  # rows run through the model (distinct sequences of each prefill)
+    prefill_tokens_saved: int = 0  # prompt tokens not run because an identical row in the batch was
     decode_steps: int = 0
     decode_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -74,7 +108,13 @@ class ModelRunner:
     """A HF causal LM (optionally Qwen-VL) on CPU, driven one batched step at a time."""
 
     def __init__(
-        self, model_path: str | Path, *, dtype: str = "float32", device: str = "cpu", logits_to_keep_prompt: bool = True
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        logits_to_keep_prompt: bool = True,
+        dedupe_prefill: bool = True,
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -115,6 +155,8 @@ class ModelRunner:
         self.eos_token_ids = self._eos_ids()
         self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         self.stats = RunnerStats()
+        #: compute identical rows of a prefill batch once (see the module doc); off: every row
+        self.dedupe_prefill = dedupe_prefill
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of plain text (video timestamps), no special tokens added."""
@@ -233,7 +275,37 @@ class ModelRunner:
         return out.logits
 
     def prefill(self, seqs: list[SeqInput]) -> PrefillOutput:
-        """Run the prompts of ``seqs`` as one left-padded batch (one row each)."""
+        """Run the prompts of ``seqs`` as one left-padded batch, one row each in the result.
+
+        With ``dedupe_prefill``, identical text-only rows (see :func:`dedupe_key`) are computed
+        once and copied. Rows with a cached prefix must all be one sequence (they are prefilled
+        on top of that prefix alone).
+        """
+        rows = self._distinct_rows(seqs) if self.dedupe_prefill and len(seqs) > 1 else list(range(len(seqs)))
+        reps = sorted(set(rows))
+        if len(reps) == len(seqs):
+            return self._prefill_rows(seqs)
+        distinct = []
+        for r in reps:  # a shared row keeps its prompt logits when any of its sharers asks for them
+            want = any(seqs[i].want_prompt_logits for i in range(len(seqs)) if rows[i] == r)
+            distinct.append(dataclasses.replace(seqs[r], want_prompt_logits=want))
+        out = self._prefill_rows(distinct)
+        self.stats.prefill_tokens_saved += sum(len(s.input_ids) - s.past_len for s in seqs) - sum(
+            len(s.input_ids) - s.past_len for s in distinct)
+        at = {r: j for j, r in enumerate(reps)}
+        return out.expand([at[r] for r in rows], [s.want_prompt_logits for s in seqs])
+
+    @staticmethod
+    def _distinct_rows(seqs: list[SeqInput]) -> list[int]:
+        """For each row, the first row identical to it (itself when it is the first or unshared)."""
+        first: dict[Hashable, int] = {}
+        rows = []
+        for i, s in enumerate(seqs):
+            key = dedupe_key(s)
+            rows.append(i if key is None else first.setdefault(key, i))
+        return rows
+
+    def _prefill_rows(self, seqs: list[SeqInput]) -> PrefillOutput:
         if any(s.past is not None for s in seqs):
             if len(seqs) != 1:
                 raise ValueError("sequences with a cached prefix are prefilled one at a time")
@@ -279,6 +351,7 @@ class ModelRunner:
             kwargs["logits_to_keep"] = 1
         logits = self._forward(**kwargs)
         self.stats.prefill_tokens += int(mask.sum().item())
+        self.stats.prefill_rows += batch
         prompt_logits: list[torch.Tensor | None] = []
         for i, s in enumerate(seqs):
             n = len(s.input_ids)
@@ -311,6 +384,7 @@ class ModelRunner:
             kwargs["logits_to_keep"] = 1
         logits = self._forward(**kwargs)
         self.stats.prefill_tokens += n - start
+        self.stats.prefill_rows += 1
         return PrefillOutput(
             last_logits=logits[:, -1].float(),
             prompt_logits=[logits[0].float() if seq.want_prompt_logits else None],
@@ -337,4 +411,4 @@ class ModelRunner:
         return logits[:, -1].float()
 
 
-__all__ = ["ModelRunner", "PrefillOutput", "RunnerStats", "SeqInput", "WeightUpdateError"]
+__all__ = ["ModelRunner", "PrefillOutput", "RunnerStats", "SeqInput", "WeightUpdateError", "dedupe_key"]
