@@ -60,8 +60,8 @@ class AudioBudgetError(MediaError):
 @dataclass(frozen=True, slots=True)
 class AudioSampling:
     """How an audio observation is bounded before it reaches the model (``model.audio`` in a
-    config): clips longer than ``max_seconds`` are refused (the episode ends with an error,
-    counted), at most ``max_clips`` per request."""
+    config): clips longer than ``max_seconds`` are refused (the model reads an error text in
+    their place, counted), at most ``max_clips`` per request."""
 
     max_seconds: float = 30.0
     max_clips: int = 8
@@ -289,7 +289,7 @@ class AudioSupport:
 
     def prepare(self, clips: Sequence[tuple[Any, int]]) -> PreparedAudio:
         """Canonical waveforms and token counts of ``(waveform, sample_rate)`` clips; a corrupt
-        or over-budget clip raises a MediaError (the episode ends with it, counted)."""
+        or over-budget clip raises a MediaError (the rollout puts an error text in its place)."""
         if len(clips) > self.sampling.max_clips:
             raise AudioBudgetError("clips", f"{len(clips)} audio clips exceed max_clips {self.sampling.max_clips}")
         out = PreparedAudio()

@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from relax_gym.audio import AudioSupport, audio_payload, collapse_audio_tokens
-from relax_gym.errors import RelaxGymError
+from relax_gym.audio import AudioSupport, audio_payload, canonical_waveform, collapse_audio_tokens
+from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.media import image_to_data_url
 from relax_gym.types import AudioPart, ImagePart, VideoPart
 from relax_gym.video import VideoSupport, collapse_video_text, expand_video_tokens, video_payload
@@ -295,6 +295,39 @@ class ChatCodec:
             out.append({**msg, "content": content if content is not None else ""})
         return out, replaced
 
+    def screen_media(self, messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[MediaError]]:
+        """Check each video and audio part of ``messages`` on its own; one that is corrupt or over
+        its budget becomes a text part saying why, so the model reads an error observation and
+        the episode goes on. Returns the messages and the errors, in render order."""
+        errors: list[MediaError] = []
+        out: list[dict[str, Any]] = []
+        for msg in messages:
+            content = msg.get("content")
+            if not isinstance(content, list):
+                out.append(msg)
+                continue
+            parts: list[Any] = []
+            for part in content:
+                error = self._clip_error(part) if isinstance(part, dict) else None
+                if error is None:
+                    parts.append(part)
+                else:
+                    errors.append(error)
+                    parts.append({"type": "text", "text": f"[{error.kind} could not be used: {error.cause}]"})
+            out.append({**msg, "content": parts})
+        return out, errors
+
+    def _clip_error(self, part: dict[str, Any]) -> MediaError | None:
+        """Why this video or audio part cannot reach the model, or None."""
+        try:
+            if part.get("type") == "video" and self.vision is not None and self.vision.video is not None:
+                self.vision.video.prepare([(part["video"], float(part.get("fps") or 1.0))], self.encode)
+            elif part.get("type") == "audio" and self.audio is not None:
+                canonical_waveform(part["audio"], int(part.get("sampling_rate") or 16000), self.audio.sampling)
+        except MediaError as exc:
+            return exc
+        return None
+
     @staticmethod
     def images_of(messages: Sequence[dict[str, Any]]) -> list[Any]:
         """The image objects of ``messages`` in the order their placeholders render."""
@@ -327,7 +360,7 @@ class ChatCodec:
                            audios: list[tuple[Any, int]] | None = None) -> Rendered:
         ids = self.encode(text)
         canonical: list[AudioPart] = []
-        if audios and self.audio is not None:  # a corrupt or over-budget clip: MediaError, the episode ends
+        if audios and self.audio is not None:  # a corrupt or over-budget clip: MediaError (see screen_media)
             from relax_gym.audio import AudioInputError, expand_audio_tokens
 
             prepared = self.audio.prepare(audios)
@@ -353,7 +386,7 @@ class ChatCodec:
 
     def _add_videos(self, rendered: Rendered, videos: list[tuple[Any, float]]) -> None:
         """Sample the clips and expand their placeholders (a MediaError for a bad or over-budget
-        clip propagates: the episode ends with an error observation, counted)."""
+        clip propagates; :meth:`screen_media` finds which and replaces it with an error text)."""
         support = self.vision.video if self.vision is not None else None
         if support is None:
             raise TemplateError("videos given to a model without video support")

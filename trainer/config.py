@@ -110,8 +110,9 @@ class VideoConfig(_Section):
 
 
 class AudioConfig(_Section):
-    """The budget for audio observations (``relax_gym.audio.AudioSampling``): a longer clip, or
-    more clips in one prompt, ends the episode with an error counted by reason."""
+    """The budget for audio observations (``relax_gym.audio.AudioSampling``): a longer clip is
+    replaced by an error text the model reads; more clips in one prompt end the episode. Both
+    are counted by reason."""
 
     max_seconds: float = Field(30.0, gt=0, description="a longer clip is refused (counted as 'duration')")
     max_clips: int = Field(8, ge=1, description="more clips in one prompt are refused (counted as 'clips')")

@@ -79,3 +79,47 @@ async def test_sampled_vision_markers_are_cut(vl_engine: Any, tiny_qwen3_vl: Pat
     assert traj.stop_reason == "env_done" and manager.metrics.reserved_tokens_cut >= 1
     assert all(t not in codec.vision.reserved_ids for t, m in zip(traj.token_ids, traj.loss_mask) if m)
     assert all(t.finish_reason == "stop" for t in traj.turns)
+
+
+async def test_a_clip_over_budget_becomes_an_error_observation_and_the_episode_goes_on(
+        vl_engine: Any, tiny_qwen3_vl: Path) -> None:
+    """A clip the codec refuses (over the source-frame budget, then over the duration budget) is
+    replaced by a text the model reads, counted by reason; the good clip beside it and the rest
+    of the episode go on."""
+    import numpy as np
+
+    import relax_gym
+    from relax_gym.trainer.rollout.media_metrics import media_metrics
+    from relax_gym.types import Message, Observation, VideoPart
+    from relax_gym.video import VideoSampling
+
+    rng = np.random.default_rng(0)
+    good = rng.integers(0, 255, (4, 64, 64, 3), dtype=np.uint8)
+
+    class LongClipEnv(relax_gym.Env):
+        modalities = ("text", "video")
+
+        def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+            super().reset(seed=seed)
+            self.turn = 0
+            too_many = rng.integers(0, 255, (16, 64, 64, 3), dtype=np.uint8)
+            return Observation([Message.user("Watch:", VideoPart(too_many, 8.0), VideoPart(good, 2.0), "Colour?")]), {}
+
+        def step(self, action: Any) -> Any:
+            self.turn += 1
+            too_long = rng.integers(0, 255, (6, 64, 64, 3), dtype=np.uint8)  # 6 s at 1 fps
+            return Observation([Message.user("Again:", VideoPart(too_long, 1.0))]), 0.5, self.turn >= 2, False, {}
+
+    codec = ChatCodec.from_pretrained(tiny_qwen3_vl, video=VideoSampling(max_source_frames=8, max_source_seconds=5))
+    async with EngineRouter([vl_engine.url]) as router:
+        manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=4, group_size=1, max_turns=4))
+        (traj,) = await manager.generate([EpisodeSpec("test/LongClip", seed=0, env_factory=LongClipEnv)])
+    traj.validate()
+    assert (traj.stop_reason, traj.error, len(traj.turns)) == ("env_done", None, 2)
+    assert len(traj.videos) == 1  # the good clip reached the model
+    text = codec.decode(traj.token_ids)
+    assert text.count("[video could not be used:") == 2
+    assert "16 frames exceed the budget of 8" in text and "6.0 s exceed the budget of 5 s" in text
+    assert manager.metrics.media_errors == {"frames": 1, "duration": 1}
+    assert traj.metadata["media_errors"] == ["frames", "duration"]
+    assert media_metrics([traj])["rollout/media_errors"] == 2.0

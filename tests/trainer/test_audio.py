@@ -243,35 +243,40 @@ def test_rl_step_on_audio_engine_equals_trainer(tiny_omni_model: Path, tmp_path:
 
 
 @pytest.mark.slow
-def test_a_corrupt_or_over_budget_clip_ends_its_episode_counted(tiny_omni_model: Path) -> None:
+def test_a_corrupt_or_over_budget_clip_becomes_an_error_observation_counted(tiny_omni_model: Path) -> None:
     import relax_gym
     from relax_gym.chat import ChatCodec
+    from relax_gym.trainer.engines.in_process import InProcessEngine
     from relax_gym.trainer.rollout import EngineRouter, EpisodeSpec, RolloutConfig, RolloutManager
     from relax_gym.trainer.rollout.media_metrics import media_metrics
     from relax_gym.types import AudioPart, Message, Observation
 
-    class BadAudioEnv(relax_gym.Env):  # the clip is broken before any engine is asked
+    class BadAudioEnv(relax_gym.Env):  # seed 0: a corrupt clip; seed 1: one over max_seconds
         modalities = ("text", "audio")
 
         def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
             super().reset(seed=seed)
             wave = np.full(1600, np.nan, dtype=np.float32) if seed == 0 else tone(300, 31.0)
-            return Observation([Message.user("Which?", AudioPart(wave, 16000))]), {}
+            return Observation([Message.user("Which?", AudioPart(wave, 16000), AudioPart(tone(440, 0.5), 16000))]), {}
 
         def step(self, action: Any) -> Any:
-            return Observation(), 0.0, True, False, {}
+            return Observation(), 1.0, True, False, {}
 
     codec = ChatCodec.from_pretrained(tiny_omni_model)
 
     async def scenario() -> list[Any]:
-        async with EngineRouter(["http://127.0.0.1:9"]) as router:  # nothing listens: never reached
-            manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=4, group_size=1))
-            trajs = await manager.generate([EpisodeSpec("test/BadAudio", seed=s, env_factory=BadAudioEnv)
-                                            for s in (0, 1)])
-            return [trajs, manager.metrics]
+        with InProcessEngine(tiny_omni_model) as engine:
+            async with EngineRouter([engine.url]) as router:
+                manager = RolloutManager(router, codec, RolloutConfig(max_new_tokens=4, group_size=1))
+                trajs = await manager.generate([EpisodeSpec("test/BadAudio", seed=s, env_factory=BadAudioEnv)
+                                                for s in (0, 1)])
+                return [trajs, manager.metrics]
 
     trajs, metrics = asyncio.run(scenario())
-    assert [t.stop_reason for t in trajs] == ["env_error", "env_error"]
-    assert "NaN" in (trajs[0].error or "") and "max_seconds" in (trajs[1].error or "")
+    assert [(t.stop_reason, t.error) for t in trajs] == [("env_done", None)] * 2
+    assert [len(t.audios) for t in trajs] == [1, 1]  # the good clip beside the bad one was heard
+    texts = [codec.decode(t.token_ids) for t in trajs]
+    assert "[audio could not be used: audio holds NaN" in texts[0] and "exceed max_seconds" in texts[1]
     assert metrics.media_errors == {"corrupt": 1, "duration": 1}
+    assert [t.metadata["media_errors"] for t in trajs] == [["corrupt"], ["duration"]]
     assert media_metrics(trajs)["rollout/media_errors"] == 2.0

@@ -25,7 +25,6 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, TypeVar
 
 from relax_gym.chat import ChatCodec, ChatContext, DriftReport, Rendered, Reply, TemplateError
@@ -152,6 +151,7 @@ class EpisodeRunner:
         self.success = False
         self._requests = 0
         self._prompt_len = 0  # prompt tokens of the last request, image pads expanded
+        self.media_errors: list[str] = []  # reasons of the clips replaced by an error text, in order
         stops = sorted(set(config.stop_token_ids or []) | codec.reserved_ids)
         self._stop_ids: list[int] | None = stops or None
 
@@ -247,9 +247,9 @@ class EpisodeRunner:
             raise _EpisodeStop("env_error", f"reset returned {type(obs).__name__}, expected Observation")
         self.messages.extend(obs.messages)
         self.tools = [t.to_openai() for t in obs.tools]
-        first = self._render_messages(env, obs)
         system = self.config.system_prompt
-        chat = self._template(lambda: ChatContext(self.codec, first, self.tools, system_prompt=system))
+        chat, first = self._template_media(
+            lambda msgs: ChatContext(self.codec, msgs, self.tools, system_prompt=system), self._render_messages(env, obs))
         if system and len(chat.messages) > len(first):  # the config's system prompt went first
             self.messages.insert(0, Message.system(system))
         self.parts.append(_Part(chat))
@@ -300,7 +300,7 @@ class EpisodeRunner:
             if self.config.think_policy == "split" and self._needs_split(new_msgs):
                 self._start_new_part(new_msgs)
             else:
-                delta = self._template(partial(self.part.chat.observation, new_msgs))
+                delta, new_msgs = self._template_media(self.part.chat.observation, new_msgs)
                 if len(self.part.chat.ids) + len(delta.ids) >= self.config.max_total_tokens:
                     return "max_tokens"
                 self.part.add_observation(delta, new_msgs)
@@ -312,11 +312,36 @@ class EpisodeRunner:
         except TemplateError as exc:
             self.metrics.template_errors += 1
             raise _EpisodeStop("env_error", f"chat template: {exc}") from None
-        except MediaError as exc:  # a corrupt or over-budget clip: this episode ends, counted by reason
-            self.metrics.media_errors[getattr(exc, "reason", "corrupt")] += 1
+        except MediaError as exc:  # not one clip's fault (e.g. too many clips): this episode ends, counted
+            self._count_media_error(exc)
             raise _EpisodeStop("env_error", f"media: {exc}") from None
         self.metrics.video_reduced.update(getattr(out, "video_reduced", ()))
         return out
+
+    def _template_media(self, build: Callable[[list[dict[str, Any]]], _T],
+                        msgs: list[dict[str, Any]]) -> tuple[_T, list[dict[str, Any]]]:
+        """``build(msgs)`` through :meth:`_template`; a corrupt or over-budget clip in ``msgs``
+        becomes a text error the model reads (counted by reason) and the episode goes on. Returns
+        the result and the messages it encodes."""
+        def attempt() -> _T:
+            nonlocal msgs
+            try:
+                return build(msgs)
+            except MediaError:
+                screened, errors = self.codec.screen_media(msgs)
+                if not errors:
+                    raise
+                for error in errors:
+                    self._count_media_error(error)
+                msgs = screened
+                return build(msgs)
+
+        return self._template(attempt), msgs
+
+    def _count_media_error(self, exc: MediaError) -> None:
+        reason = getattr(exc, "reason", "corrupt")
+        self.metrics.media_errors[reason] += 1
+        self.media_errors.append(reason)
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
@@ -325,8 +350,8 @@ class EpisodeRunner:
     def _start_new_part(self, new_msgs: list[dict[str, Any]]) -> None:
         """Close the current sample and start one whose context is the template's own render of
         the conversation so far (earlier reasoning dropped as the template wants)."""
-        context = [*self.part.chat.messages, *new_msgs]
-        chat = self._template(lambda: ChatContext(self.codec, context, self.tools))
+        chat, _ = self._template_media(lambda msgs: ChatContext(self.codec, msgs, self.tools),
+                                       [*self.part.chat.messages, *new_msgs])
         if chat.prompt_length >= self.config.max_total_tokens:
             raise _EpisodeStop("max_tokens", "the re-rendered context of a new sample exceeds max_total_tokens")
         self.parts.append(_Part(chat))
@@ -584,8 +609,9 @@ class EpisodeRunner:
             audios=chat.audios if chat is not None else [],
             audio_token_id=self.codec.audio.audio_token_id if self.codec.audio is not None else None,
             drift=drift,
-            metadata={**self.spec.metadata, **({"video_reduced": list(chat.video_reduced)}
-                                               if chat is not None and chat.video_reduced else {})},
+            metadata={**self.spec.metadata,
+                      **({"video_reduced": list(chat.video_reduced)} if chat is not None and chat.video_reduced else {}),
+                      **({"media_errors": list(self.media_errors)} if self.media_errors else {})},
         )
 
 

@@ -1,8 +1,9 @@
 """Per-step counts of what happened to the media of a batch of trajectories.
 
-Video clips are sampled down (fps, frame count, resolution) before the model sees them and a
-clip over budget or malformed ends its episode; both must show in the run's metrics, not only
-in logs. Computed from the trajectories themselves so every execution mode can report them.
+Video clips are sampled down (fps, frame count, resolution) before the model sees them, and a
+clip over budget or malformed becomes an error text the model reads (or, when no single clip is
+at fault, ends its episode); both must show in the run's metrics, not only in logs. Computed
+from the trajectories themselves so every execution mode can report them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from relax_gym.trainer.rollout.trajectory import Trajectory
 
 def media_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """``rollout/videos`` (clips the model saw), ``rollout/video_tokens_mean`` (video pads per
-    sample), ``rollout/audios`` and ``rollout/audio_tokens_mean`` (the same for audio), ``rollout/video_reduced/<how>`` and ``rollout/media_errors`` (episodes ended by a
-    bad or over-budget clip)."""
+    sample), ``rollout/audios`` and ``rollout/audio_tokens_mean`` (the same for audio), ``rollout/video_reduced/<how>`` and ``rollout/media_errors`` (bad or over-budget
+    clips replaced by an error text, plus episodes such a clip ended)."""
     out: dict[str, float] = {}
     videos = sum(len(t.videos) for t in trajs)
     if videos:
@@ -32,6 +33,7 @@ def media_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
             key = f"rollout/video_reduced/{how}"
             out[key] = out.get(key, 0.0) + 1.0
     errors = sum(1 for t in trajs if t.stop_reason == "env_error" and (t.error or "").startswith("media:"))
+    errors += sum(len(t.metadata.get("media_errors", ())) for t in trajs)
     if errors:
         out["rollout/media_errors"] = float(errors)
     return out

@@ -26,7 +26,7 @@ class RolloutMetrics:
     env_errors: int = 0
     template_errors: int = 0
     media_placeholders: int = 0  # media parts the model could not take, rendered as text
-    media_errors: Counter[str] = field(default_factory=Counter)  # episodes ended by a bad clip, by reason
+    media_errors: Counter[str] = field(default_factory=Counter)  # bad or over-budget clips, by reason
     video_reduced: Counter[str] = field(default_factory=Counter)  # clips sampled down: fps, frames, resolution
     tools_changed: int = 0  # observations whose tool list differs from the prompt's
     engine_prompt_mismatch: int = 0  # engine's prompt_tokens != our context length
