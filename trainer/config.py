@@ -311,6 +311,8 @@ class OptimConfig(_Section):
     mini_batches: int = Field(1, ge=1, description="optimizer updates per step (the batch is split in this many)")
     epochs: int = Field(1, ge=1, description="passes over the step's batch")
     micro_batch_size: int = Field(16, ge=1, description="sequences per forward/backward (gradient accumulation)")
+    share_prompts: bool = Field(True, description="torch backend, text models: forward each distinct prompt of a "
+                                "micro-batch once and the rows' responses on its KV cache (same loss and gradient)")
     dynamic_sampling: DynamicSampling = Field(default_factory=DynamicSampling)
 
     @property

@@ -44,6 +44,7 @@ from relax_gym.trainer.backends.base import (
     micro_batches,
 )
 from relax_gym.trainer.backends.lora import LoraSettings, apply_lora, merged_weights, save_merged_folder
+from relax_gym.trainer.backends.shared_prefix import group_order, plan_shared_prefixes, shared_prefix_hidden
 from relax_gym.trainer.models.architectures import UnsupportedArchitecture, check_servable
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, read_json_model, save_tree
 
@@ -97,6 +98,7 @@ class TorchBackend(TrainerBackend):
         gradient_checkpointing: bool = False,
         optimizer: OptimizerSettings | None = None,
         lora: LoraSettings | None = None,
+        share_prompts: bool = True,
     ) -> None:
         from transformers import AutoConfig
         from transformers.utils import logging as hf_logging
@@ -124,6 +126,8 @@ class TorchBackend(TrainerBackend):
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.is_vision = hasattr(self.config, "vision_config")
         self.is_omni = is_omni(self.config)  # the Qwen3-Omni thinker: no mm_token_type_ids, audio features
+        # one forward per distinct prompt of a micro-batch (shared_prefix.py): text decoders with a KV cache
+        self.share_prompts = share_prompts and not (self.is_vision or self.is_omni or gradient_checkpointing)
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.video_token_id = getattr(self.config, "video_token_id", None)
         text_cfg = self.config.get_text_config(decoder=True)
@@ -190,8 +194,12 @@ class TorchBackend(TrainerBackend):
         inputs, ids = self._inputs(sub)
         b, width = ids.shape
         mask = sub.padded_mask(width).to(self.device)
+        plan = plan_shared_prefixes(sub.input_ids, sub.loss_mask) if self.share_prompts else None
         with self._autocast():
-            hidden = self._base(**inputs, use_cache=False).last_hidden_state
+            if plan is None:
+                hidden = self._base(**inputs, use_cache=False).last_hidden_state
+            else:
+                hidden = shared_prefix_hidden(self._base, sub.input_ids, plan, width, self.pad_token_id, self.device)
         predict = mask[:, 1:]  # position t-1 predicts token t
         h = hidden[:, :-1][predict]
         with self._autocast():
@@ -210,13 +218,20 @@ class TorchBackend(TrainerBackend):
             ent = torch.cat([torch.zeros((b, 1), dtype=e.dtype, device=self.device), zeros.masked_scatter(predict, e)], 1)
         return out, ent
 
+    def _micro_batches(self, batch: SequenceBatch, size: int) -> list[list[int]]:
+        """Length-sorted micro-batches; with prompt sharing, a prompt's rows stay together."""
+        if not self.share_prompts or size >= len(batch):
+            return micro_batches(batch, size)
+        order = group_order(batch.input_ids, batch.loss_mask)
+        return [order[i : i + size] for i in range(0, len(order), size)]
+
     # -- the interface ---------------------------------------------------------------------------
     @torch.no_grad()
     def compute_logprobs(self, batch: SequenceBatch, *, entropy: bool = False) -> LogprobResult:
         self.model.eval()
         logprobs: list[Tensor | None] = [None] * len(batch)
         entropies: list[Tensor | None] = [None] * len(batch)
-        for rows in micro_batches(batch, self.logprob_micro_batch_size):
+        for rows in self._micro_batches(batch, self.logprob_micro_batch_size):
             lp, ent = self._token_logprobs(batch.select(rows), entropy=entropy)
             for j, i in enumerate(rows):
                 n = len(batch.input_ids[i])
@@ -236,7 +251,7 @@ class TorchBackend(TrainerBackend):
         self.optimizer.zero_grad(set_to_none=True)
         lr = self._apply_lr()
         merged: dict[str, Tensor] = {}
-        for rows in micro_batches(batch, self.micro_batch_size):
+        for rows in self._micro_batches(batch, self.micro_batch_size):
             sub = batch.select(rows)
             lp, ent = self._token_logprobs(sub, entropy=objective.needs_entropy)
             mb = MicroBatch.from_batch(batch, rows)

@@ -114,7 +114,8 @@ def make_backend(config: TrainConfig, model_path: Path) -> TrainerBackend:
     return TorchBackend(model_path, device=config.device, dtype=config.model.dtype,
                         micro_batch_size=config.train.micro_batch_size,
                         gradient_checkpointing=config.model.gradient_checkpointing,
-                        optimizer=rl_optimizer_settings(config), lora=config.model.lora)
+                        optimizer=rl_optimizer_settings(config), lora=config.model.lora,
+                        share_prompts=config.train.share_prompts)
 
 def config_hash(config: TrainConfig) -> str:
     """Hash of what must not change across a resume (the rest -- steps, logging -- may)."""
