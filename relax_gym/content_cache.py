@@ -7,10 +7,11 @@ oldest falls out past the bound. Rollout threads share it, hence the lock.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")
 
@@ -43,4 +44,21 @@ class ContentCache(Generic[V]):
         return len(self._items)
 
 
-__all__ = ["ContentCache"]
+
+def tensor_digest(tensor: Any) -> str:
+    """A content key of a torch tensor or numpy array: dtype, shape and bytes. Rows whose media
+    digests match can share one forward (the engine's prefill, the trainer's prompts)."""
+    import numpy as np
+
+    if hasattr(tensor, "detach"):  # torch, any dtype (bf16 has no numpy twin): its raw bytes
+        import torch
+
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        head, data = f"{flat.dtype}{tuple(tensor.shape)}", flat.view(torch.uint8).numpy().tobytes()
+    else:
+        arr = np.ascontiguousarray(tensor)
+        head, data = f"{arr.dtype}{arr.shape}", arr.tobytes()
+    return hashlib.sha1(head.encode() + data).hexdigest()
+
+
+__all__ = ["ContentCache", "tensor_digest"]

@@ -224,10 +224,54 @@ def test_max_batch_size_still_bounds_a_shared_prefill(runner: ModelRunner) -> No
         assert fresh_max_diff(runner, prompt, results.items[rid]) < 1e-4
 
 
-def test_rows_with_media_are_never_shared() -> None:
+def vl_seq(prepared: Any) -> SeqInput:
+    """The engine's SeqInput of a prepared Qwen3-VL prompt (as Sequence.prefill_input builds it)."""
+    v = prepared.vision
+    return SeqInput(input_ids=prepared.input_ids, pixel_values=v.pixel_values, image_grid_thw=v.image_grid_thw,
+                    mm_token_type_ids=v.mm_token_type_ids)
+
+
+def test_rows_with_media_share_only_when_their_media_match() -> None:
     text = SeqInput(input_ids=[1, 2, 3])
     assert dedupe_key(text) == dedupe_key(SeqInput(input_ids=[1, 2, 3], mm_token_type_ids=[0, 0, 0]))
     assert dedupe_key(text) != dedupe_key(SeqInput(input_ids=[1, 2, 3], past_len=2))
-    image = SeqInput(input_ids=[1, 2, 3], pixel_values=torch.zeros(4, 8), image_grid_thw=torch.tensor([[1, 2, 2]]))
+
+    def image(fill: float) -> SeqInput:
+        return SeqInput(input_ids=[1, 2, 3], pixel_values=torch.full((4, 8), fill),
+                        image_grid_thw=torch.tensor([[1, 2, 2]]), mm_token_type_ids=[0, 1, 0])
+
+    assert dedupe_key(image(0.0)) == dedupe_key(image(0.0)) != dedupe_key(image(1.0))
+    assert dedupe_key(image(0.0)) != dedupe_key(text)
     audio = SeqInput(input_ids=[1, 2, 3], input_features=torch.zeros(1, 8, 4))
-    assert dedupe_key(image) is None and dedupe_key(audio) is None
+    assert dedupe_key(audio) == dedupe_key(SeqInput(input_ids=[1, 2, 3], input_features=torch.zeros(1, 8, 4)))
+    assert dedupe_key(audio) != dedupe_key(SeqInput(input_ids=[1, 2, 3], input_features=torch.ones(1, 8, 4)))
+    on_prefix = SeqInput(input_ids=[1, 2, 3], pixel_values=torch.zeros(4, 8), past=[], past_len=1)
+    assert dedupe_key(on_prefix) is None  # media on top of a cached prefix: never shared
+
+
+def test_image_prompts_of_a_group_prefill_once_and_equal_their_own_prefill(tmp_path: Path) -> None:
+    import numpy as np
+    from PIL import Image
+
+    from relax_gym.chat import ChatCodec, ChatContext
+    from relax_gym.protocol import GenerateRequest
+    from relax_gym.trainer.engines.prepare import prepare_prompt
+    from relax_gym.trainer.models import build_tiny_model
+
+    model = build_tiny_model("qwen3_vl", tmp_path / "vl", seed=0, tokenizer="tiny-bpe")
+    codec, vl = ChatCodec.from_pretrained(model), ModelRunner(model)
+    seqs = []
+    for k in (0, 0, 0, 1, 1):  # two images, the same question: a group of 3 and a group of 2
+        img = Image.fromarray(np.random.default_rng(k).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+        chat = ChatContext(codec, [{"role": "user", "content": [{"type": "image", "image": img},
+                                                                 {"type": "text", "text": "Colour?"}]}])
+        req = GenerateRequest(input_ids=chat.ids, image_data=chat.payloads)
+        seqs.append(vl_seq(prepare_prompt(req, vl)))
+    assert len({dedupe_key(s) for s in seqs}) == 2
+    before = vl.stats.prefill_tokens_saved
+    shared = vl.prefill(seqs)
+    assert vl.stats.prefill_tokens_saved - before == 3 * len(seqs[0].input_ids)
+    vl.dedupe_prefill = False
+    alone = vl.prefill(seqs)
+    torch.testing.assert_close(shared.last_logits, alone.last_logits, atol=1e-4, rtol=0)
+    assert shared.rope_deltas == alone.rope_deltas and shared.next_positions == alone.next_positions

@@ -1,7 +1,7 @@
 """The torch backend forwards each distinct prompt of a micro-batch once (trainer/backends/
 shared_prefix.py): logprobs, loss, gradient norm and the updated weights equal the plain padded
-forward's, for every text family, with LoRA, multi-turn loss masks, rows without loss tokens and
-micro-batches that cut a group."""
+forward's, for every text family, with LoRA, multi-turn loss masks, rows without loss tokens,
+micro-batches that cut a group, and Qwen3-VL prompts with images (M-RoPE positions)."""
 
 from __future__ import annotations
 
@@ -97,9 +97,79 @@ def test_shared_prompts_equal_the_plain_forward(kind: str, lora: bool, tmp_path:
         torch.testing.assert_close(w2[name], w, atol=1e-6, rtol=0)
 
 
-def test_vision_models_keep_the_plain_forward(tmp_path: Path) -> None:
+def vl_batch(model: Path) -> Any:
+    """Qwen3-VL rows: 2 images x 3 samples with the same prompt text (the image tells the groups
+    apart), a text-only group, and a two-turn row whose second image comes after its reply."""
+    import numpy as np
+    from PIL import Image
+
+    from relax_gym.chat import ChatCodec
+    from relax_gym.trainer.backends.base import SequenceBatch
+
+    codec = ChatCodec.from_pretrained(model)
+    assert codec.vision is not None
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)) for _ in range(3)]
+
+    def pixels(imgs: list[Any]) -> dict[str, torch.Tensor]:
+        out = codec.vision.image_processor(images=imgs, return_tensors="pt")  # type: ignore[union-attr]
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    ids: list[list[int]] = []
+    mask: list[list[int]] = []
+    multimodal: list[dict[str, torch.Tensor]] = []
+    g = torch.Generator().manual_seed(2)
+    for img in images[:2]:
+        prompt = codec.prompt([{"role": "user", "content": [{"type": "image", "image": img},
+                                                            {"type": "text", "text": "Colour?"}]}]).ids
+        for _ in range(3):
+            reply = torch.randint(3, 300, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+            ids.append(prompt + reply)
+            mask.append([0] * len(prompt) + [1] * len(reply))
+            multimodal.append(pixels([img]))
+    text = codec.prompt([{"role": "user", "content": "Name a colour."}]).ids
+    for _ in range(2):
+        reply = torch.randint(3, 300, (5,), generator=g).tolist()
+        ids.append(text + reply)
+        mask.append([0] * len(text) + [1] * 5)
+        multimodal.append({})
+    return codec, images, pixels, SequenceBatch(input_ids=ids, loss_mask=mask, multimodal=multimodal)
+
+
+def test_qwen3_vl_shares_prompt_and_image_and_equals_the_plain_forward(tmp_path: Path) -> None:
+    from relax_gym.trainer.algorithms.config import AlgorithmConfig
+    from relax_gym.trainer.backends.base import PolicyObjective, SequenceBatch
     from relax_gym.trainer.backends.pytorch import TorchBackend
+    from relax_gym.trainer.backends.shared_prefix import media_key, plan_shared_prefixes
     from relax_gym.trainer.models import build_tiny_model
 
-    model = build_tiny_model("qwen3_vl", tmp_path / "vl", seed=0, tokenizer="tiny-bpe")
-    assert not TorchBackend(model).share_prompts  # M-RoPE positions: not through the shared path
+    model = build_tiny_model("qwen3_vl", tmp_path / "vl", seed=0, tokenizer="tiny-bpe",
+                             image_min_pixels=64 * 64, image_max_pixels=64 * 64)
+    codec, images, pixels, batch = vl_batch(model)
+    plan = plan_shared_prefixes(batch.input_ids, batch.loss_mask, [media_key(mm) for mm in batch.multimodal])
+    assert plan is not None and len(plan.prefixes) == 3  # two images with the same text are two prompts
+    plain = TorchBackend(model, share_prompts=False, micro_batch_size=16)
+    shared = TorchBackend(model, micro_batch_size=16)
+    assert shared.share_prompts
+    a, b = plain.compute_logprobs(batch), shared.compute_logprobs(batch)
+    for x, y in zip(a.logprobs, b.logprobs, strict=True):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=0)
+    g = torch.Generator().manual_seed(1)
+    batch.advantages = [torch.full((len(r),), float(torch.randn(1, generator=g))) for r in batch.input_ids]
+    batch.old_logprobs = batch.rollout_logprobs = a.logprobs
+    objective = PolicyObjective(AlgorithmConfig())
+    m1, m2 = plain.train_step(batch, objective), shared.train_step(batch, objective)
+    assert m2["grad_norm"] == pytest.approx(m1["grad_norm"], rel=1e-5)
+    w1, w2 = dict(plain.named_weights()), dict(shared.named_weights())
+    for name, w in w1.items():
+        torch.testing.assert_close(w2[name], w, atol=1e-6, rtol=0)
+    # an image after a row's first reply: that micro-batch keeps the padded forward, still exact
+    turn = codec.prompt([{"role": "user", "content": [{"type": "image", "image": images[2]}]}]).ids
+    row = batch.input_ids[0] + turn
+    two_turn = SequenceBatch(input_ids=[*batch.input_ids, row],
+                             loss_mask=[*batch.loss_mask, batch.loss_mask[0] + [0] * len(turn)],
+                             multimodal=[*batch.multimodal, pixels([images[0], images[2]])])
+    inputs, _ = shared._inputs(two_turn)
+    assert shared._shared_prompt_hidden(two_turn, inputs, max(map(len, two_turn.input_ids))) is None
+    for x, y in zip(plain.compute_logprobs(two_turn).logprobs, shared.compute_logprobs(two_turn).logprobs, strict=True):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=0)

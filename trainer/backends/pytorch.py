@@ -44,7 +44,13 @@ from relax_gym.trainer.backends.base import (
     micro_batches,
 )
 from relax_gym.trainer.backends.lora import LoraSettings, apply_lora, merged_weights, save_merged_folder
-from relax_gym.trainer.backends.shared_prefix import group_order, plan_shared_prefixes, shared_prefix_hidden
+from relax_gym.trainer.backends.shared_prefix import (
+    group_order,
+    media_key,
+    plan_shared_prefixes,
+    prompt_cut,
+    shared_prefix_hidden,
+)
 from relax_gym.trainer.models.architectures import UnsupportedArchitecture, check_servable
 from relax_gym.trainer.safe_state import StateFileError, load_tree, one_line, read_json_model, save_tree
 
@@ -127,7 +133,7 @@ class TorchBackend(TrainerBackend):
         self.is_vision = hasattr(self.config, "vision_config")
         self.is_omni = is_omni(self.config)  # the Qwen3-Omni thinker: no mm_token_type_ids, audio features
         # one forward per distinct prompt of a micro-batch (shared_prefix.py): text decoders with a KV cache
-        self.share_prompts = share_prompts and not (self.is_vision or self.is_omni or gradient_checkpointing)
+        self.share_prompts = share_prompts and not (self.is_omni or gradient_checkpointing)
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.video_token_id = getattr(self.config, "video_token_id", None)
         text_cfg = self.config.get_text_config(decoder=True)
@@ -194,12 +200,10 @@ class TorchBackend(TrainerBackend):
         inputs, ids = self._inputs(sub)
         b, width = ids.shape
         mask = sub.padded_mask(width).to(self.device)
-        plan = plan_shared_prefixes(sub.input_ids, sub.loss_mask) if self.share_prompts else None
         with self._autocast():
-            if plan is None:
+            hidden = self._shared_prompt_hidden(sub, inputs, width) if self.share_prompts else None
+            if hidden is None:
                 hidden = self._base(**inputs, use_cache=False).last_hidden_state
-            else:
-                hidden = shared_prefix_hidden(self._base, sub.input_ids, plan, width, self.pad_token_id, self.device)
         predict = mask[:, 1:]  # position t-1 predicts token t
         h = hidden[:, :-1][predict]
         with self._autocast():
@@ -224,6 +228,32 @@ class TorchBackend(TrainerBackend):
             return micro_batches(batch, size)
         order = group_order(batch.input_ids, batch.loss_mask)
         return [order[i : i + size] for i in range(0, len(order), size)]
+
+    def _shared_prompt_hidden(self, sub: SequenceBatch, inputs: dict[str, Tensor], width: int) -> Tensor | None:
+        """Hidden states from one forward per distinct prompt (shared_prefix.py), or None when
+        this micro-batch keeps the padded forward (nothing repeats, or media after a prompt)."""
+        media = positions = None
+        types = inputs.get("mm_token_type_ids")
+        if types is not None:
+            cuts = [prompt_cut(r, m) for r, m in zip(sub.input_ids, sub.loss_mask, strict=True)]
+            if any(bool(types[i, c:].any()) for i, c in enumerate(cuts)):
+                return None
+            media = [media_key(mm) for mm in sub.multimodal]
+        plan = plan_shared_prefixes(sub.input_ids, sub.loss_mask, media)
+        if plan is None:
+            return None
+        prefix_inputs: dict[str, Tensor] = {}
+        if types is not None:  # the prompts' media and M-RoPE positions, as the padded forward computes them
+            positions, _ = self._base.get_rope_index(
+                inputs["input_ids"], mm_token_type_ids=types, image_grid_thw=inputs.get("image_grid_thw"),
+                video_grid_thw=inputs.get("video_grid_thw"), attention_mask=inputs["attention_mask"])
+            reps = plan.representatives
+            prefix_inputs["mm_token_type_ids"] = types[reps, : max(len(p) for p in plan.prefixes)]
+            for key in sorted({k for r in reps for k in sub.multimodal[r]}):
+                prefix_inputs[key] = torch.cat([sub.multimodal[r][key] for r in reps if key in sub.multimodal[r]]
+                                               ).to(self.device)
+        return shared_prefix_hidden(self._base, sub.input_ids, plan, width, self.pad_token_id, self.device,
+                                    prefix_inputs=prefix_inputs, positions=positions)
 
     # -- the interface ---------------------------------------------------------------------------
     @torch.no_grad()

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from relax_gym.content_cache import tensor_digest
 from relax_gym.errors import RelaxGymError
 
 from relax_gym.trainer.engines.kv import BatchKV
@@ -55,15 +56,16 @@ class SeqInput:
 
 
 def dedupe_key(seq: SeqInput) -> Hashable | None:
-    """What makes two prefill rows identical (token ids, cached-prefix length, and the
-    multimodal token types of a Qwen-VL row), or None for a row that is never shared: one with
-    image, video or audio inputs (their KV depends on pixel and feature tensors too)."""
-    if (seq.pixel_values is not None or seq.image_grid_thw is not None or seq.pixel_values_videos is not None
-            or seq.video_grid_thw is not None or seq.input_features is not None
-            or seq.feature_attention_mask is not None):
+    """What makes two prefill rows identical: token ids, cached-prefix length, the multimodal
+    token types of a Qwen-VL row and the content of its image, video or audio inputs (a GRPO
+    group sends one image G times). None for a row never shared: media on top of a cached prefix."""
+    media = tuple(tensor_digest(t) if t is not None else None
+                  for t in (seq.pixel_values, seq.image_grid_thw, seq.pixel_values_videos, seq.video_grid_thw,
+                            seq.input_features, seq.feature_attention_mask))
+    if seq.past is not None and any(m is not None for m in media):
         return None
     types = None if seq.mm_token_type_ids is None or not any(seq.mm_token_type_ids) else tuple(seq.mm_token_type_ids)
-    return tuple(seq.input_ids), seq.past_len, types
+    return tuple(seq.input_ids), seq.past_len, types, media
 
 
 @dataclass(slots=True)
