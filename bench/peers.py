@@ -1,21 +1,48 @@
 """relax-gym against TRL's GRPOTrainer on the same CPU workload, interleaved in one run.
 
-    python bench/peers.py [--trl-python /work/trl-venv/bin/python] [--steps 20] [--rounds 2]
-                          [--samples 32] [--group 8] [--max-new-tokens 24] [--threads 1]
+    python bench/peers.py [--workload vowels|vl] [--trl-python /work/trl-venv/bin/python] [--steps 20]
+                          [--rounds 2] [--samples N] [--group N] [--max-new-tokens N] [--threads 1]
                           [--eval-every 5] [--runs relax,trl] [--out /tmp/bench-peers] [--json FILE]
 
-TRL lives in a virtual environment of its own, never in relax-gym's dependencies::
+TRL lives in a virtual environment of its own, never in relax-gym's dependencies (Pillow is for
+``--workload vl``: without it transformers' image utilities do not import)::
 
-    python3.11 -m venv /work/trl-venv && /work/trl-venv/bin/pip install torch==2.13.0 trl==1.16.0
+    python3.11 -m venv /work/trl-venv && /work/trl-venv/bin/pip install torch==2.13.0 trl==1.16.0 pillow
 
-The workload is bench/modes.py's: a tiny random Qwen3 (hidden 256, 4 layers, tiny BPE) built
-once, learning "reply with vowels" (reward: the fraction of vowels among the reply's letters;
-success: at least three quarters) with GRPO, colocate. Both sides get the same model folder,
-the same prompts (the env's own, rendered by each side's chat template), the same reward, the
-same hyperparameters (AdamW lr 1e-3 constant, grad clip 1, groups of ``--group``, ``--samples``
-per step in one optimizer step, clip 0.2/0.28, token-mean loss, no KL, temperature 1) and the
-same torch threads per compute process. relax-gym runs with its defaults otherwise (embedded
-engine in a child process, ``engine.sync: auto``).
+**vowels** (the default): bench/modes.py's workload, a tiny random Qwen3 (hidden 256, 4 layers,
+tiny BPE) built once, learning "reply with vowels" (reward: the fraction of vowels among the
+reply's letters; success: at least three quarters) with GRPO, colocate; ``--samples 32 --group 8
+--max-new-tokens 24`` unless given. Both sides get the same model folder, the same prompts (the
+env's own, rendered by each side's chat template), the same reward, the same hyperparameters
+(AdamW lr 1e-3 constant, grad clip 1, groups of ``--group``, ``--samples`` per step in one
+optimizer step, clip 0.2/0.28, token-mean loss, no KL, temperature 1) and the same torch threads
+per compute process. relax-gym runs with its defaults otherwise (embedded engine, ``engine.sync:
+auto``).
+
+**vl**: the quickstart's image task (examples/quickstart.yaml): its tiny Qwen3-VL built from
+config once, relax/SceneQuery-v0 ``single`` (name the colour of the one shape, answer in
+``\\boxed{}``, 6 colours); ``--samples 64 --group 4 --max-new-tokens 8`` (16 prompts x 4) unless
+given. The quickstart's supervised warm-up (oracle SFT until held-out success >= 0.25 at
+temperature 1, checked every 2 steps; ``warmup.save_to``) runs once, untimed, and its HF folder
+is the start of both sides, so learning outcomes compare from one model. Then GRPO with the
+hyperparameters above (lr 1e-3 constant, grad clip 1, clip 0.2/0.28, no KL, temperature 1, one
+optimizer step per 64 samples, micro-batch 64), the same reward (relax-gym: the env; TRL:
+bench/peers_vl.py's rewrite of the env's grading, checked against the env on random strings
+before each run), the same prompts (each seed's question and image as the env renders them, as
+PNGs; chat template with relax-gym's ``enable_thinking: false``, given to TRL as
+``chat_template_kwargs``; the run checks that TRL tokenizes its first training prompt to relax-
+gym's ids: ``prompt_ids_match``) and the same threads. TRL cannot load the model's processor
+itself (transformers' Qwen-VL processors import torchvision, which does not install beside the
+CPU torch), so bench/peers_trl.py passes ``processing_class`` = transformers' own
+``Qwen3VLProcessor`` built from the PIL image processor (``Qwen2VLImageProcessorPil``, the one
+relax-gym's codec uses), no video processor, and the processor's type check skipped while it
+is built (bench/peers_vl.py). The processor returns ``mm_token_type_ids`` and GRPOTrainer
+forwards them to ``generate`` and to the training forward (M-RoPE needs them): no other patch.
+TRL's ``save_model`` fails on the absent video processor, so its final model is written with
+``model.save_pretrained`` plus the starting folder's tokenizer and processor files. The common
+evaluator (``common_eval_vl``) runs transformers' model and processor on both final models,
+greedy and also sampled at temperature 1 (fixed seed), graded by the env itself; the warmed-up
+start is scored the same way (``common_eval_start``).
 
 Reported per side (medians over the steps after the first, then over rounds; A,B,A,B order):
 step time, generation time and completion tokens/s, the rest of the step ("train": logprobs,
@@ -38,6 +65,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED_START = 1_000_000_000
+VL_ENV = {"id": "relax/SceneQuery-v0", "kwargs": {"difficulty": "single"}}  # examples/quickstart.yaml
+VL_TEMPLATE_KWARGS = {"enable_thinking": False}  # relax-gym's model.template_kwargs default, given to TRL too
+# per workload: --samples, --group, --max-new-tokens
+DEFAULTS = {"vowels": (32, 8, 24), "vl": (64, 4, 8)}
 
 
 def _import_modes() -> Any:
@@ -59,6 +90,86 @@ def prompts(seeds: range) -> list[dict[str, Any]]:
     return rows
 
 
+def _scene_env() -> Any:
+    import relax_gym
+
+    return relax_gym.make(VL_ENV["id"], **VL_ENV["kwargs"])
+
+
+def vl_rows(seeds: range, img_dir: Path) -> list[dict[str, Any]]:
+    """The env's first observation for each seed as chat messages with an image placeholder
+    where the env put its image (after the question, as relax-gym renders it), the image as a
+    PNG, the right word and the allowed words (what TRL trains on and both sides are graded by)."""
+    env = _scene_env()
+    img_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for s in seeds:
+        obs, _ = env.reset(seed=s)
+        msgs, images = [], []
+        for m in env.format_observation(obs, "hf"):
+            content = []
+            for part in m["content"]:
+                if part["type"] == "image":
+                    images.append(part["image"])
+                    content.append({"type": "image"})
+                else:
+                    content.append({"type": "text", "text": part["text"]})
+            msgs.append({"role": m["role"], "content": content})
+        assert len(images) == 1, f"seed {s}: {len(images)} images"
+        path = img_dir / f"{s}.png"
+        images[0].save(path)  # lossless: both sides read the same pixels
+        task = env.unwrapped.task
+        rows.append({"seed": s, "prompt": msgs, "image": str(path), "answer": task.answer,
+                     "options": list(env.unwrapped._options)})
+    return rows
+
+
+def check_scene_grading(n: int = 20_000) -> None:
+    """bench/peers_vl.py's rewrite of SceneQuery's grading (TRL's reward) against the env's own
+    matcher and grading, on random strings of box commands, braces, escapes and colour words."""
+    import random
+
+    from bench import peers_vl
+    from relax_gym.answers import last_boxed
+
+    env = _scene_env()
+    env.reset(seed=0)
+    task, options = env.unwrapped.task, list(env.unwrapped._options)
+    pieces = ["\\boxed", "\\fbox", "{", "}", "\\{", "\\}", "\\\\", " ", "\n", "x", "\\boxedx", "\\text{",
+              ".", "$", "\\", task.answer, task.answer.upper(),
+              options[(options.index(task.answer) + 1) % len(options)]]
+    rng = random.Random(0)
+    for _ in range(n):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        env.reset(seed=0)
+        _, reward, _, _, info = env.step(text)
+        if (peers_vl.last_boxed(text) != last_boxed(text)
+                or peers_vl.scene_score(text, task.answer, options) != (reward, bool(info["success"]))):
+            raise RuntimeError(f"bench/peers_vl.py grades {text!r} unlike the env")
+
+
+def warm_up(base: Path, root: Path, a: argparse.Namespace) -> tuple[Path, dict[str, Any]]:
+    """The quickstart's supervised warm-up (oracle SFT until held-out success >= 0.25, its own
+    evaluation) on ``base``, exported as the HF folder both sides start from."""
+    from relax_gym.trainer.config import config_from_dict, read_yaml_file
+    from relax_gym.trainer.modes.colocate import train
+
+    raw = read_yaml_file(ROOT / "examples" / "quickstart.yaml")
+    out, model = root / "warmup", root / "model"
+    raw.update({"run_name": "warmup", "output_dir": str(out), "threads": a.threads, "model": {"path": str(base)},
+                "engine": {"threads": a.threads}})
+    raw["warmup"]["save_to"] = str(model)
+    raw["checkpoint"] = {"every": 0, "export_hf": False}
+    raw["logging"] = {"progress": "none", "tensorboard": False, "dump_samples": 0, "plot": False}
+    start = time.perf_counter()
+    train(config_from_dict(raw), rl=False)
+    took = time.perf_counter() - start
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    evals = [r for r in rows if r["phase"] == "warmup_eval" and "success" in r]
+    return model, {"s": took, "steps": evals[-1]["step"] if evals else None,
+                   "success": evals[-1]["success"] if evals else None}
+
+
 def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     modes = _import_modes()
     raw = modes.base_config(model, out, a.steps)
@@ -72,6 +183,10 @@ def relax_config(model: Path, out: Path, a: argparse.Namespace) -> dict[str, Any
     raw["train"].update({"micro_batch_size": a.samples})
     raw["eval"] = {"every": a.eval_every, "episodes": 64, "at_start": True}
     raw["checkpoint"]["export_hf"] = True  # out/final_model, for the common evaluation
+    if getattr(a, "workload", "vowels") == "vl":  # the quickstart's env and RL section, from the warmed-up model
+        raw["data"] = {"envs": [VL_ENV]}
+        raw["rollout"].pop("max_total_tokens")  # the image prompt is longer; the default bounds it
+        raw["train"]["micro_batch_size"] = a.samples  # quickstart: 64, one micro-batch per step
     if a.eval_every <= 0:  # timing only (bench/scale.py): one held-out episode at the end, no export
         raw["eval"] = {"every": 0, "episodes": 1, "at_start": False}
         raw["checkpoint"]["export_hf"] = False
@@ -111,7 +226,10 @@ def _tokens(row: dict[str, Any]) -> float:
 def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict[str, Any]],
             heldout: list[dict[str, Any]]) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"model": str(model), "out": str(out), "seed": 11, "threads": a.threads, "reward": "vowels",
+    vl = getattr(a, "workload", "vowels") == "vl"  # bench/scale.py passes no workload
+    spec = {"model": str(model), "out": str(out), "seed": 11, "threads": a.threads,
+            "reward": "scene" if vl else "vowels", "vision": vl,
+            **({"chat_template_kwargs": VL_TEMPLATE_KWARGS} if vl else {}),
             "train": train_rows, "heldout": heldout, "eval_every": a.eval_every, "eval_at_start": a.eval_every > 0,
             "hp": {"steps": a.steps, "lr": 1e-3, "samples_per_step": a.samples, "group_size": a.group,
                    "max_new_tokens": a.max_new_tokens}}
@@ -127,7 +245,8 @@ def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict
     evals += [{"step": e["step"], "train_s": e["train_s"], "success": e["success"]} for e in res["evals"]]
     rewards = [h["reward"] for h in res["logs"] if "reward" in h]
     return {"steps": res["steps"], "evals": evals, "total_s": res["total_s"], "load": (load, os.getloadavg()[0]),
-            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None}
+            "reward_last5": statistics.mean(rewards[-5:]) if rewards else None,
+            **({"first_prompt_ids": res.get("first_prompt_ids")} if vl else {})}
 
 
 def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
@@ -154,6 +273,50 @@ def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: 
             total += reward
             wins += bool(info["success"])
     return {"success": wins / len(heldout), "reward": total / len(heldout)}
+
+
+def common_eval_vl(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
+    """common_eval's twin for the image task: transformers' Qwen3VLProcessor (without
+    torchvision, bench/peers_vl.py) and model, ``generate`` on left-padded batches of 32, each
+    reply graded by the env itself (reset to the row's seed, then ``step``). Greedy
+    (``success``, ``reward``), and also sampled at temperature 1, four passes with fixed seeds
+    averaged (``sampled_success``: the quickstart's own measure; one pass of 64 moves by
+    +-0.1 between seeds)."""
+    from PIL import Image
+
+    from bench import peers_vl
+
+    processor = peers_vl.build_processor(str(model_dir))
+    model = peers_vl.load_model(str(model_dir)).eval()
+    images = [Image.open(r["image"]).convert("RGB") for r in heldout]
+    env = _scene_env()
+    out: dict[str, float] = {}
+    for prefix, seeds in (("", [None]), ("sampled_", [0, 1, 2, 3])):
+        wins, total = 0, 0.0
+        for seed in seeds:
+            texts = peers_vl.replies(model, processor, heldout, images, max_new_tokens,
+                                     template_kwargs=VL_TEMPLATE_KWARGS, sample_seed=seed)
+            for row, text in zip(heldout, texts, strict=True):
+                env.reset(seed=row["seed"])
+                _, reward, _, _, info = env.step(text)
+                total += reward
+                wins += bool(info["success"])
+        n = len(heldout) * len(seeds)
+        out[f"{prefix}success"], out[f"{prefix}reward"] = wins / n, total / n
+    return out
+
+
+def check_prompt_ids(model: Path, row: dict[str, Any], trl_ids: list[int] | None) -> bool | None:
+    """Whether TRL tokenized the first training row as relax-gym's codec renders that seed."""
+    if trl_ids is None:
+        return None
+    from relax_gym.chat import ChatCodec
+
+    env = _scene_env()
+    obs, _ = env.reset(seed=row["seed"])
+    codec = ChatCodec.from_pretrained(str(model), template_kwargs=VL_TEMPLATE_KWARGS)
+    ours = codec.prompt(env.format_observation(obs, "hf")).ids
+    return list(ours) == list(trl_ids)
 
 
 def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -186,12 +349,14 @@ def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", default="vowels", choices=["vowels", "vl"],
+                   help="vowels: the tiny Qwen3 text task; vl: the quickstart's Qwen3-VL image task")
     p.add_argument("--trl-python", default="/work/trl-venv/bin/python")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--samples", type=int, default=32, help="samples per step")
-    p.add_argument("--group", type=int, default=8, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--samples", type=int, default=None, help="samples per step (vowels 32, vl 64)")
+    p.add_argument("--group", type=int, default=None, help="samples per prompt (vowels 8, vl 4)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="vowels 24, vl 8")
     p.add_argument("--threads", type=int, default=1, help="torch threads per compute process")
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--target", type=float, default=0.9, help="held-out success to time")
@@ -202,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="/tmp/bench-peers")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    for key, value in zip(("samples", "group", "max_new_tokens"), DEFAULTS[a.workload], strict=True):
+        if getattr(a, key) is None:
+            setattr(a, key, value)
     if a.samples % a.group:
         p.error("--samples must be a multiple of --group")
     import shutil
@@ -212,22 +380,43 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(a.out)
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    model = build_tiny_model("qwen3", root / "model", seed=0, tokenizer="tiny-bpe", **modes.MODEL)
-    train_rows = prompts(range(a.steps * a.samples // a.group * 2))
-    heldout = prompts(range(EVAL_SEED_START, EVAL_SEED_START + 64))
+    warm: dict[str, Any] | None = None
+    if a.workload == "vl":
+        check_scene_grading()
+        base = build_tiny_model("qwen3_vl", root / "model-base", seed=0, tokenizer="tiny-bpe",
+                                image_min_pixels=4096, image_max_pixels=4096)  # examples/quickstart.yaml
+        model, warm = warm_up(base, root, a)
+        print(f"warm-up: {warm['steps']} SFT steps, held-out success {warm['success']} "
+              f"(quickstart's evaluator), {warm['s']:.1f} s", flush=True)
+        train_rows = vl_rows(range(a.steps * a.samples // a.group * 2), root / "images")
+        heldout = vl_rows(range(EVAL_SEED_START, EVAL_SEED_START + 64), root / "images")
+        evaluate = common_eval_vl
+    else:
+        model = build_tiny_model("qwen3", root / "model", seed=0, tokenizer="tiny-bpe", **modes.MODEL)
+        train_rows = prompts(range(a.steps * a.samples // a.group * 2))
+        heldout = prompts(range(EVAL_SEED_START, EVAL_SEED_START + 64))
+        evaluate = common_eval
+    start_eval = evaluate(model, heldout, a.max_new_tokens) if a.workload == "vl" else None
     kinds = a.runs.split(",")
     results: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for r in range(a.rounds):
         for kind in kinds if r % 2 == 0 else list(reversed(kinds)):
             out = root / f"{kind}-r{r}"
             res = run_relax(model, out, a) if kind == "relax" else run_trl(model, out, a, train_rows, heldout)
-            res["common_eval"] = common_eval(out / "final_model", heldout, a.max_new_tokens)
+            res["common_eval"] = evaluate(out / "final_model", heldout, a.max_new_tokens)
+            if kind == "trl" and a.workload == "vl":
+                res["prompt_ids_match"] = check_prompt_ids(model, train_rows[0], res.pop("first_prompt_ids"))
             results[kind].append(res)
             print(f"round {r} {kind}: step median {statistics.median(s['step_s'] for s in res['steps'][1:]):.2f} s, "
                   f"total {res['total_s']:.1f} s, final success {res['evals'][-1]['success'] if res['evals'] else '-'} "
                   f"(common evaluator {res['common_eval']['success']:.2f}, train reward last 5 {res['reward_last5']:.3f}) "
                   f"(load {res['load'][0]:.1f} -> {res['load'][1]:.1f})", flush=True)
-    summary = {k: summarize(v, a.target) for k, v in results.items()}
+    summary: dict[str, Any] = {k: summarize(v, a.target) for k, v in results.items()}
+    if "trl" in results and a.workload == "vl":
+        summary["trl"]["prompt_ids_match"] = [r.get("prompt_ids_match") for r in results["trl"]]
+    if a.workload == "vl":
+        summary["warmup"] = warm
+        summary["common_eval_start"] = start_eval
     if "relax" in summary and "trl" in summary:
         summary["ratio_step"] = summary["relax"]["step_s"] / summary["trl"]["step_s"]
         summary["ratio_step_rounds"] = [x / y for x, y in zip(summary["relax"]["step_s_rounds"],

@@ -7,11 +7,25 @@ TRL), so bench/peers.py hands it everything as one JSON file::
 
 The spec names the model folder, the training and held-out prompts (chat messages, the same
 ones relax-gym's env produces), the reward ("vowels": the fraction of vowels among the reply's
-letters, success at >= 0.75; "exact": the reply contains the answer), the hyperparameters and
-the torch threads. The result holds per-step wall times (step = generation + loss + backward +
-optimizer, as TRL's loop runs them), the generation time and completion tokens of each step,
-and held-out success (greedy) every ``eval_every`` steps with the training time spent so far
-(evaluation time excluded).
+letters, success at >= 0.75; "exact": the reply contains the answer; "scene": SceneQuery's
+grading of the last ``\\boxed{}`` against the row's ``answer`` and ``options``, from
+bench/peers_vl.py), the hyperparameters and the torch threads.
+
+With ``"vision": true`` (bench/peers.py ``--workload vl``) each row also names a PNG
+(``image``) that fills the prompt's ``{"type": "image"}`` placeholder, and the processor is
+bench/peers_vl.py's ``Qwen3VLProcessor`` without torchvision (PIL image processor, no video
+processor, the processor's class check skipped while it is built), passed to GRPOTrainer as
+``processing_class``. Needs Pillow in TRL's venv (``pip install pillow``; without it
+transformers' image utilities do not import). GRPOTrainer forwards the processor's
+``mm_token_type_ids`` (Qwen3-VL's M-RoPE needs them) to ``generate`` and to the training
+forward itself, so nothing is patched there. ``save_model`` would fail on the absent video
+processor, so the final model is written with ``model.save_pretrained`` plus the starting
+folder's tokenizer and processor files.
+
+The result holds per-step wall times (step = generation + loss + backward + optimizer, as TRL's
+loop runs them), the generation time and completion tokens of each step, and held-out success
+(greedy) every ``eval_every`` steps with the training time spent so far (evaluation time
+excluded).
 """
 
 from __future__ import annotations
@@ -28,11 +42,15 @@ def vowels_score(text: str) -> float:
     return sum(ch in "aeiou" for ch in letters) / max(1, len(letters))
 
 
-def score(kind: str, text: str, answer: str | None) -> float:
+def score(kind: str, text: str, answer: str | None, options: list[str] | None = None) -> float:
     if kind == "vowels":
         return vowels_score(text)
     if kind == "exact":
         return float(answer is not None and answer.lower() in text.lower())
+    if kind == "scene":
+        from peers_vl import scene_score
+
+        return scene_score(text, answer or "", list(options or []))[0]
     raise ValueError(f"unknown reward {kind!r}")
 
 
@@ -57,25 +75,34 @@ def main(spec_path: str, result_path: str) -> int:
     torch.set_num_threads(int(spec["threads"]))
     torch.manual_seed(int(spec["seed"]))
     from datasets import Dataset
-    from transformers import AutoProcessor, AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     kind = spec["reward"]
     hp = spec["hp"]
     is_vision = bool(spec.get("vision"))
 
-    def reward_fn(completions: list[Any], answer: list[str] | None = None, **_: Any) -> list[float]:
+    def reward_fn(completions: list[Any], answer: list[str] | None = None, options: list[list[str]] | None = None,
+                  **_: Any) -> list[float]:
         answers = answer if answer is not None else [None] * len(completions)
-        return [score(kind, completion_text(c), a) for c, a in zip(completions, answers, strict=True)]
+        opts = options if options is not None else [None] * len(completions)
+        return [score(kind, completion_text(c), a, o) for c, a, o in zip(completions, answers, opts, strict=True)]
 
     rows = spec["train"]
     data: dict[str, list[Any]] = {"prompt": [r["prompt"] for r in rows], "answer": [r.get("answer", "") for r in rows]}
+    if kind == "scene":
+        data["options"] = [r["options"] for r in rows]
     if is_vision:
         from PIL import Image
 
         data["image"] = [Image.open(r["image"]).convert("RGB") for r in rows]
     dataset = Dataset.from_dict(data)
-    processing = (AutoProcessor if is_vision else AutoTokenizer).from_pretrained(spec["model"])
+    if is_vision:  # transformers' own Qwen-VL processor, without torchvision (bench/peers_vl.py)
+        from peers_vl import build_processor
+
+        processing = build_processor(spec["model"])
+    else:
+        processing = AutoTokenizer.from_pretrained(spec["model"])
     tok = processing.tokenizer if is_vision else processing
     tok.padding_side = "left"
     config = GRPOConfig(
@@ -87,6 +114,7 @@ def main(spec_path: str, result_path: str) -> int:
         scale_rewards="group", num_iterations=1, seed=int(spec["seed"]), data_seed=int(spec["seed"]),
         use_cpu=True, bf16=False, fp16=False, logging_steps=1, save_strategy="no", report_to="none",
         disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=True, log_completions=False,
+        chat_template_kwargs=spec.get("chat_template_kwargs"),
     )
     trainer = GRPOTrainer(model=spec["model"], reward_funcs=reward_fn, args=config, train_dataset=dataset,
                           processing_class=processing)
@@ -121,23 +149,29 @@ def main(spec_path: str, result_path: str) -> int:
 
     def evaluate() -> dict[str, float]:
         heldout = spec["heldout"]
-        model.eval()
         wins, total = 0, 0.0
+        if is_vision:
+            from peers_vl import replies
+            from PIL import Image
+
+            images = [Image.open(r["image"]).convert("RGB") for r in heldout]
+            texts = replies(model, processing, heldout, images, int(hp["max_new_tokens"]),
+                            generate=original_generate, template_kwargs=spec.get("chat_template_kwargs"))
+            for r, text in zip(heldout, texts, strict=True):
+                value = score(kind, text, r.get("answer"), r.get("options"))
+                total += value
+                wins += success(kind, value)
+            return {"success": wins / len(heldout), "reward": total / len(heldout)}
+        model.eval()
         with torch.no_grad():
             for i in range(0, len(heldout), 32):
                 chunk = heldout[i: i + 32]
                 texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in chunk]
-                if is_vision:
-                    from PIL import Image
-
-                    images = [Image.open(r["image"]).convert("RGB") for r in chunk]
-                    enc = processing(text=texts, images=images, return_tensors="pt", padding=True)
-                else:
-                    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+                enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
                 out = original_generate(**enc, do_sample=False, max_new_tokens=int(hp["max_new_tokens"]),
                                         pad_token_id=tok.pad_token_id)
                 for r, row in zip(chunk, out[:, enc["input_ids"].shape[1]:], strict=True):
-                    value = score(kind, tok.decode(row, skip_special_tokens=True), r.get("answer"))
+                    value = score(kind, tok.decode(row, skip_special_tokens=True), r.get("answer"), r.get("options"))
                     total += value
                     wins += success(kind, value)
         model.train()
@@ -158,17 +192,35 @@ def main(spec_path: str, result_path: str) -> int:
                 evals.append({"step": state.global_step, "train_s": clock["train_s"], **evaluate()})
 
     trainer.add_callback(Timing())
+    first_ids = None
+    if is_vision:  # the first training row as GRPOTrainer tokenizes it (bench/peers.py compares it with ours)
+        from trl.data_utils import prepare_multimodal_messages
+
+        row = dataset[0]
+        first_ids = processing.apply_chat_template(prepare_multimodal_messages(row["prompt"], images=[row["image"]]),
+                                                   add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                   **(spec.get("chat_template_kwargs") or {}))["input_ids"][0]
+        first_ids = [int(t) for t in first_ids]
     first = evaluate() if spec.get("eval_at_start", True) else None
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start
     final = evals[-1] if evals and evals[-1]["step"] == int(hp["steps"]) else {
         "step": int(hp["steps"]), "train_s": clock["train_s"], **evaluate()}
-    trainer.save_model(str(Path(spec["out"]) / "final_model"))  # for bench/peers.py's common evaluation
+    final_dir = Path(spec["out"]) / "final_model"  # for bench/peers.py's common evaluation
+    if is_vision:  # save_model would save the processor too, which fails on its absent video processor
+        import shutil
+
+        trainer.model.save_pretrained(str(final_dir))
+        for f in Path(spec["model"]).iterdir():  # tokenizer, chat template, image processor config
+            if f.is_file() and not (final_dir / f.name).exists():
+                shutil.copy2(f, final_dir / f.name)
+    else:
+        trainer.save_model(str(final_dir))
     logs = [h for h in trainer.state.log_history if "loss" in h]
     Path(result_path).write_text(json.dumps({
         "steps": steps, "evals": evals, "first_eval": first, "final_eval": final, "total_s": total,
-        "logs": logs, "threads": torch.get_num_threads(),
+        "logs": logs, "threads": torch.get_num_threads(), "first_prompt_ids": first_ids,
     }, indent=1))
     return 0
 
