@@ -4,58 +4,26 @@ does not split a waiting batch into one prefill per row, while a long one is sti
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
-from relax_gym.trainer.engines.engine import PREFIX_BATCH_MIN, EngineCore, make_sequence
+from relax_gym.trainer.engines.engine import PREFIX_BATCH_MIN, EngineCore
 from relax_gym.trainer.engines.model_runner import ModelRunner
-from relax_gym.trainer.engines.sampling import SamplingSpec
+
+from .in_process_helpers import Results, fresh_max_diff
+from .in_process_helpers import submit as submit_new
 
 NEW = 6
 
 
-class Results:
-    """Collects delivered results; ``wait`` is bounded."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, dict[str, Any]] = {}
-        self.cond = threading.Condition()
-
-    def deliver_for(self, rid: str) -> Any:
-        def deliver(result: dict[str, Any] | BaseException) -> None:
-            assert not isinstance(result, BaseException), result
-            with self.cond:
-                self.items[rid] = result
-                self.cond.notify_all()
-        return deliver
-
-    def wait(self, n: int, timeout_s: float = 120.0) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.items) >= n, timeout_s), f"{len(self.items)}/{n} results"
-
-
 def submit(engine: EngineCore, results: Results, rid: str, prompt: list[int], seed: int) -> None:
-    spec = SamplingSpec(temperature=1.0, max_new_tokens=NEW, ignore_eos=True)
-    engine.submit(make_sequence(engine, rid=rid, prompt_ids=prompt, spec=spec, deliver=results.deliver_for(rid),
-                                seed=seed, return_logprob=True))
+    submit_new(engine, results, rid, prompt, seed, NEW)
 
 
 @pytest.fixture(scope="module")
 def runner(bpe_qwen3: Path) -> ModelRunner:
     return ModelRunner(bpe_qwen3)
-
-
-def fresh_max_diff(runner: ModelRunner, prompt: list[int], result: dict[str, Any]) -> float:
-    out = result["output_ids"]
-    with torch.no_grad():
-        logits = runner.model(torch.tensor([prompt + out])).logits[0, len(prompt) - 1: -1]
-    ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(out)[:, None]).squeeze(1)
-    got = torch.tensor([lp for lp, _, _ in result["meta_info"]["output_token_logprobs"]])
-    return float((ref - got).abs().max())
 
 
 def test_a_burst_reaching_an_idle_engine_one_by_one_is_prefilled_once(runner: ModelRunner) -> None:

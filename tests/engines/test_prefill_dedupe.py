@@ -7,41 +7,23 @@ generator, and every returned logprob still matches a fresh forward pass of the 
 
 from __future__ import annotations
 
-import threading
 import time
+from contextlib import contextmanager
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from relax_gym.trainer.engines.engine import PREFIX_BATCH_MIN, EngineCore, make_sequence
+from relax_gym.trainer.engines.engine import PREFIX_BATCH_MIN, EngineCore
 from relax_gym.trainer.engines.model_runner import ModelRunner, SeqInput, dedupe_key
-from relax_gym.trainer.engines.sampling import SamplingSpec
+
+from .in_process_helpers import Results, fresh_logprobs, fresh_max_diff
+from .in_process_helpers import submit as submit_new
 
 NEW = 6
 A = [30, 40, 41, 42, 43, 44, 45, 46, 47]
 B = [31, 50, 51, 52, 53, 54, 55]
-
-
-class Results:
-    """Collects delivered results; ``wait`` is bounded."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, dict[str, Any]] = {}
-        self.cond = threading.Condition()
-
-    def deliver_for(self, rid: str) -> Any:
-        def deliver(result: dict[str, Any] | BaseException) -> None:
-            assert not isinstance(result, BaseException), result
-            with self.cond:
-                self.items[rid] = result
-                self.cond.notify_all()
-        return deliver
-
-    def wait(self, n: int, timeout_s: float = 60.0) -> None:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.items) >= n, timeout_s), f"{len(self.items)}/{n} results"
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +35,26 @@ def runner(bpe_qwen3: Path) -> Iterator[ModelRunner]:
 
 def submit(engine: EngineCore, results: Results, rid: str, prompt: list[int], seed: int, new: int = NEW,
            logprob_start_len: int = -1) -> None:
-    spec = SamplingSpec(temperature=1.0, max_new_tokens=new, ignore_eos=True)
-    engine.submit(make_sequence(engine, rid=rid, prompt_ids=prompt, spec=spec, deliver=results.deliver_for(rid),
-                                seed=seed, return_logprob=True, logprob_start_len=logprob_start_len))
+    submit_new(engine, results, rid, prompt, seed, new, logprob_start_len)
 
 
-def burst(engine: EngineCore, results: Results, requests: list[tuple[str, list[int], int]], **kw: Any) -> None:
-    """Submit ``requests`` while the engine is paused, so they wait together, then resume."""
+@contextmanager
+def held(engine: EngineCore, waiting: int) -> Iterator[None]:
+    """Pause the engine for the block's submissions; then resume once ``waiting`` requests
+    wait (bounded), so they are admitted together."""
     engine.run_job(lambda: engine.pause("in_place")).result(timeout=30)
-    for rid, prompt, seed in requests:
-        submit(engine, results, rid, prompt, seed, **kw)
+    yield
     deadline = time.monotonic() + 30
-    while engine.snapshot()["num_waiting_reqs"] < len(requests) and time.monotonic() < deadline:
+    while engine.snapshot()["num_waiting_reqs"] < waiting and time.monotonic() < deadline:
         time.sleep(0.005)
     engine.run_job(engine.resume).result(timeout=30)
 
 
-def fresh_logprobs(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
-    """log p(ids[i] | ids[:i]) for i >= 1, from one plain forward pass."""
-    with torch.no_grad():
-        logits = runner.model(torch.tensor([ids])).logits[0, :-1]
-    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None]).squeeze(1)
-
-
-def fresh_max_diff(runner: ModelRunner, prompt: list[int], result: dict[str, Any]) -> float:
-    out = result["output_ids"]
-    ref = fresh_logprobs(runner, prompt + out)[len(prompt) - 1:]
-    got = torch.tensor([lp for lp, _, _ in result["meta_info"]["output_token_logprobs"]])
-    return float((ref - got).abs().max())
+def burst(engine: EngineCore, results: Results, requests: list[tuple[str, list[int], int]], **kw: Any) -> None:
+    """Submit ``requests`` so they wait together, then resume."""
+    with held(engine, len(requests)):
+        for rid, prompt, seed in requests:
+            submit(engine, results, rid, prompt, seed, **kw)
 
 
 def run_groups(runner: ModelRunner, requests: list[tuple[str, list[int], int]], **engine_kw: Any) -> tuple[
@@ -137,13 +111,10 @@ def test_a_group_member_asking_for_prompt_logprobs_shares_the_row(runner: ModelR
     engine.start()
     try:
         burst(engine, results, [(f"a{i}", A, i) for i in range(3)])  # plain requests first
-        engine.run_job(lambda: engine.pause("in_place")).result(timeout=30)
-        submit(engine, results, "scored", A, 7, logprob_start_len=0)
-        for i in range(3, 6):
-            submit(engine, results, f"a{i}", A, i)
-        while engine.snapshot()["num_waiting_reqs"] < 4:
-            time.sleep(0.005)
-        engine.run_job(engine.resume).result(timeout=30)
+        with held(engine, 4):
+            submit(engine, results, "scored", A, 7, logprob_start_len=0)
+            for i in range(3, 6):
+                submit(engine, results, f"a{i}", A, i)
         results.wait(7)
     finally:
         engine.stop()
@@ -172,13 +143,10 @@ def test_twins_with_a_long_cached_prefix_share_one_prefill_on_top_of_it(runner: 
         burst(engine, results, [(f"t{i}", turn2, 10 + i) for i in range(4)])
         results.wait(5)
         mid_rows, mid_batches = runner.stats.prefill_rows, engine.stats.prefill_batches
-        engine.run_job(lambda: engine.pause("in_place")).result(timeout=30)
-        submit(engine, results, "scored", turn2, 20, logprob_start_len=len(turn2) - 3)
-        for i in range(3):
-            submit(engine, results, f"u{i}", turn2, 30 + i)
-        while engine.snapshot()["num_waiting_reqs"] < 4:
-            time.sleep(0.005)
-        engine.run_job(engine.resume).result(timeout=30)
+        with held(engine, 4):
+            submit(engine, results, "scored", turn2, 20, logprob_start_len=len(turn2) - 3)
+            for i in range(3):
+                submit(engine, results, f"u{i}", turn2, 30 + i)
         results.wait(9)
     finally:
         engine.stop()
