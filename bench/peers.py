@@ -13,7 +13,9 @@ TRL lives in a virtual environment of its own, never in relax-gym's dependencies
 tiny BPE) built once, learning "reply with vowels" (reward: the fraction of vowels among the
 reply's letters; success: at least three quarters) with GRPO, colocate; ``--samples 32 --group 8
 --max-new-tokens 24`` unless given. Both sides get the same model folder, the same prompts (the
-env's own, rendered by each side's chat template), the same reward, the same hyperparameters
+env's own, rendered by the model's chat template with relax-gym's ``enable_thinking: false``,
+given to TRL as ``chat_template_kwargs`` and to the common evaluator; the run checks that TRL
+tokenizes its first training prompt to relax-gym's ids: ``prompt_ids_match``), the same reward, the same hyperparameters
 (AdamW lr 1e-3 constant, grad clip 1, groups of ``--group``, ``--samples`` per step in one
 optimizer step, clip 0.2/0.28, token-mean loss, no KL, temperature 1) and the same torch threads
 per compute process. relax-gym runs with its defaults otherwise (embedded engine, ``engine.sync:
@@ -66,7 +68,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED_START = 1_000_000_000
 VL_ENV = {"id": "relax/SceneQuery-v0", "kwargs": {"difficulty": "single"}}  # examples/quickstart.yaml
-VL_TEMPLATE_KWARGS = {"enable_thinking": False}  # relax-gym's model.template_kwargs default, given to TRL too
+TEMPLATE_KWARGS = {"enable_thinking": False}  # relax-gym's model.template_kwargs default, given to TRL too
 # per workload: --samples, --group, --max-new-tokens
 DEFAULTS = {"vowels": (32, 8, 24), "vl": (64, 4, 8)}
 
@@ -229,7 +231,7 @@ def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict
     vl = getattr(a, "workload", "vowels") == "vl"  # bench/scale.py passes no workload
     spec = {"model": str(model), "out": str(out), "seed": 11, "threads": a.threads,
             "reward": "scene" if vl else "vowels", "vision": vl,
-            **({"chat_template_kwargs": VL_TEMPLATE_KWARGS} if vl else {}),
+            "chat_template_kwargs": TEMPLATE_KWARGS,
             "train": train_rows, "heldout": heldout, "eval_every": a.eval_every, "eval_at_start": a.eval_every > 0,
             "hp": {"steps": a.steps, "lr": 1e-3, "samples_per_step": a.samples, "group_size": a.group,
                    "max_new_tokens": a.max_new_tokens}}
@@ -246,7 +248,7 @@ def run_trl(model: Path, out: Path, a: argparse.Namespace, train_rows: list[dict
     rewards = [h["reward"] for h in res["logs"] if "reward" in h]
     return {"steps": res["steps"], "evals": evals, "total_s": res["total_s"], "load": (load, os.getloadavg()[0]),
             "reward_last5": statistics.mean(rewards[-5:]) if rewards else None,
-            **({"first_prompt_ids": res.get("first_prompt_ids")} if vl else {})}
+            "first_prompt_ids": res.get("first_prompt_ids")}
 
 
 def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: int) -> dict[str, float]:
@@ -263,7 +265,8 @@ def common_eval(model_dir: Path, heldout: list[dict[str, Any]], max_new_tokens: 
     wins, total = 0, 0.0
     for i in range(0, len(heldout), 32):
         chunk = heldout[i: i + 32]
-        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in chunk]
+        texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False, **TEMPLATE_KWARGS)
+                 for r in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
@@ -295,7 +298,7 @@ def common_eval_vl(model_dir: Path, heldout: list[dict[str, Any]], max_new_token
         wins, total = 0, 0.0
         for seed in seeds:
             texts = peers_vl.replies(model, processor, heldout, images, max_new_tokens,
-                                     template_kwargs=VL_TEMPLATE_KWARGS, sample_seed=seed)
+                                     template_kwargs=TEMPLATE_KWARGS, sample_seed=seed)
             for row, text in zip(heldout, texts, strict=True):
                 env.reset(seed=row["seed"])
                 _, reward, _, _, info = env.step(text)
@@ -312,10 +315,13 @@ def check_prompt_ids(model: Path, row: dict[str, Any], trl_ids: list[int] | None
         return None
     from relax_gym.chat import ChatCodec
 
-    env = _scene_env()
-    obs, _ = env.reset(seed=row["seed"])
-    codec = ChatCodec.from_pretrained(str(model), template_kwargs=VL_TEMPLATE_KWARGS)
-    ours = codec.prompt(env.format_observation(obs, "hf")).ids
+    codec = ChatCodec.from_pretrained(str(model), template_kwargs=TEMPLATE_KWARGS)
+    if "image" in row:
+        env = _scene_env()
+        obs, _ = env.reset(seed=row["seed"])
+        ours = codec.prompt(env.format_observation(obs, "hf")).ids
+    else:
+        ours = codec.prompt(row["prompt"]).ids
     return list(ours) == list(trl_ids)
 
 
@@ -404,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             out = root / f"{kind}-r{r}"
             res = run_relax(model, out, a) if kind == "relax" else run_trl(model, out, a, train_rows, heldout)
             res["common_eval"] = evaluate(out / "final_model", heldout, a.max_new_tokens)
-            if kind == "trl" and a.workload == "vl":
+            if kind == "trl":
                 res["prompt_ids_match"] = check_prompt_ids(model, train_rows[0], res.pop("first_prompt_ids"))
             results[kind].append(res)
             print(f"round {r} {kind}: step median {statistics.median(s['step_s'] for s in res['steps'][1:]):.2f} s, "
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(common evaluator {res['common_eval']['success']:.2f}, train reward last 5 {res['reward_last5']:.3f}) "
                   f"(load {res['load'][0]:.1f} -> {res['load'][1]:.1f})", flush=True)
     summary: dict[str, Any] = {k: summarize(v, a.target) for k, v in results.items()}
-    if "trl" in results and a.workload == "vl":
+    if "trl" in results:
         summary["trl"]["prompt_ids_match"] = [r.get("prompt_ids_match") for r in results["trl"]]
     if a.workload == "vl":
         summary["warmup"] = warm

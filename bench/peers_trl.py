@@ -166,7 +166,8 @@ def main(spec_path: str, result_path: str) -> int:
         with torch.no_grad():
             for i in range(0, len(heldout), 32):
                 chunk = heldout[i: i + 32]
-                texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in chunk]
+                texts = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True,
+                                                 **(spec.get("chat_template_kwargs") or {})) for r in chunk]
                 enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
                 out = original_generate(**enc, do_sample=False, max_new_tokens=int(hp["max_new_tokens"]),
                                         pad_token_id=tok.pad_token_id)
@@ -192,15 +193,18 @@ def main(spec_path: str, result_path: str) -> int:
                 evals.append({"step": state.global_step, "train_s": clock["train_s"], **evaluate()})
 
     trainer.add_callback(Timing())
-    first_ids = None
-    if is_vision:  # the first training row as GRPOTrainer tokenizes it (bench/peers.py compares it with ours)
+    # the first training row as GRPOTrainer tokenizes it (bench/peers.py compares it with ours)
+    row = dataset[0]
+    if is_vision:
         from trl.data_utils import prepare_multimodal_messages
 
-        row = dataset[0]
         first_ids = processing.apply_chat_template(prepare_multimodal_messages(row["prompt"], images=[row["image"]]),
                                                    add_generation_prompt=True, tokenize=True, return_dict=True,
                                                    **(spec.get("chat_template_kwargs") or {}))["input_ids"][0]
-        first_ids = [int(t) for t in first_ids]
+    else:
+        first_ids = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                            return_dict=True, **(spec.get("chat_template_kwargs") or {}))["input_ids"]
+    first_ids = [int(t) for t in first_ids]
     first = evaluate() if spec.get("eval_at_start", True) else None
     start = time.perf_counter()
     trainer.train()

@@ -1,13 +1,15 @@
 """The torch backend's training step against a plain torch loop over the same padded batch.
 
-    python bench/train_step.py [--rows 32] [--prompt 20] [--response 24] [--repeats 5] [--threads 1]
+    python bench/train_step.py [--rows 32] [--prompt 20] [--response 24] [--group 1] [--repeats 5] [--threads 1]
 
 Both sides: bench/modes.py's tiny Qwen3, ``--rows`` sequences of ``--prompt`` + ``--response``
-tokens (random ids; response lengths vary by up to a quarter), one forward with logprobs of the
+tokens (random ids; response lengths vary by up to a quarter; with ``--group G`` each run of G
+rows shares its prompt, as a GRPO group does), one forward with logprobs of the
 response tokens, a policy-gradient loss (advantage x logprob, token mean), backward, gradient
 clip and one AdamW step. The backend runs ``TorchBackend.train_step`` with relax-gym's PPO
-objective; the plain loop is the textbook version (full-vocabulary log-softmax over every
-position, as most trainers write it). Interleaved, medians reported with the load average.
+objective (which forwards a shared prompt once: ``train.share_prompts``); the plain loop is the
+textbook version (one padded forward, full-vocabulary log-softmax over every position, as most
+trainers write it). Interleaved, medians reported with the load average.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=32)
     p.add_argument("--prompt", type=int, default=20)
     p.add_argument("--response", type=int, default=24)
+    p.add_argument("--group", type=int, default=1, help="rows per shared prompt (1: every prompt distinct)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = build_tiny_model("qwen3", Path(tmp.name) / "m", seed=0, tokenizer="tiny-bpe", **MODEL)
     gen = torch.Generator().manual_seed(0)
     lengths = [a.response - int(torch.randint(0, max(1, a.response // 4), (1,), generator=gen)) for _ in range(a.rows)]
-    ids = [torch.randint(3, 500, (a.prompt + n,), generator=gen).tolist() for n in lengths]
+    prompts = [torch.randint(3, 500, (a.prompt,), generator=gen).tolist() for _ in range(0, a.rows, a.group)]
+    ids = [prompts[i // a.group] + torch.randint(3, 500, (n,), generator=gen).tolist() for i, n in enumerate(lengths)]
     mask = [[0] * a.prompt + [1] * n for n in lengths]
     adv = torch.randn(a.rows, generator=gen)
 
