@@ -39,6 +39,7 @@ by the template, where the template would drop reasoning.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relax_gym.audio import AudioSupport, audio_payload, canonical_waveform, collapse_audio_tokens
+from relax_gym.content_cache import ContentCache
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.media import image_to_data_url
 from relax_gym.types import AudioPart, ImagePart, VideoPart
@@ -127,8 +129,8 @@ class VisionSupport:
         """The ``(t, h, w)`` patch grid of each image, from the model's own processor."""
         if not images:
             return []
-        out = self.image_processor(images=[im.convert("RGB") for im in images], return_tensors="np")
-        return [[int(x) for x in g] for g in out["image_grid_thw"]]
+        out = self.image_processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
+        return [[int(x) for x in g] for g in out["image_grid_thw"].tolist()]
 
 
 @dataclass(slots=True)
@@ -587,7 +589,7 @@ class ChatContext:
             rgb = image.convert("RGB")
             self.images.append(ImagePart(rgb))
             self.grids.append(grid)
-            self.payloads.append(image_to_data_url(rgb))
+            self.payloads.append(_png_url(rgb))
         for clip, vgrid, (start, end) in zip(rendered.videos, rendered.video_grids, rendered.video_spans, strict=True):
             self.videos.append(clip)
             self.video_grids.append(vgrid)
@@ -770,6 +772,15 @@ def _audio_support(folder: Path, tokenizer: Any, sampling: Any | None) -> AudioS
     from transformers import AutoConfig
 
     return AudioSupport.from_folder(folder, AutoConfig.from_pretrained(str(folder)), tokenizer, sampling)
+
+
+#: PNG data URLs by image content: a GRPO group's samples send one image G times
+_PNG_URLS: ContentCache[str] = ContentCache(4096, max_bytes=64 << 20, size_of=len)
+
+
+def _png_url(rgb: Any) -> str:
+    key = hashlib.sha1(f"{rgb.size}{rgb.mode}".encode() + rgb.tobytes()).digest()
+    return _PNG_URLS.get_or_make(key, lambda: image_to_data_url(rgb))
 
 
 def _placeholder(part: dict[str, Any]) -> str:

@@ -17,11 +17,16 @@ V = TypeVar("V")
 
 
 class ContentCache(Generic[V]):
-    """Least-recently-used ``key -> value`` with at most ``max_items`` entries, thread-safe."""
+    """Least-recently-used ``key -> value`` with at most ``max_items`` entries (and, with
+    ``size_of``, at most ``max_bytes`` of values), thread-safe."""
 
-    def __init__(self, max_items: int) -> None:
+    def __init__(self, max_items: int, *, max_bytes: int | None = None,
+                 size_of: Callable[[V], int] | None = None) -> None:
         self.max_items = max_items
+        self.max_bytes = max_bytes
+        self._size_of = size_of
         self._items: OrderedDict[bytes, V] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def get_or_make(self, key: bytes, make: Callable[[], V]) -> V:
@@ -34,15 +39,20 @@ class ContentCache(Generic[V]):
                 return hit
         value = make()
         with self._lock:
+            old = self._items.pop(key, None)
+            self._bytes += self._size(value) - (self._size(old) if old is not None else 0)
             self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.max_items:
-                self._items.popitem(last=False)
+            while len(self._items) > self.max_items or (
+                    self.max_bytes is not None and self._bytes > self.max_bytes and len(self._items) > 1):
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= self._size(dropped)
         return value
+
+    def _size(self, value: V) -> int:
+        return self._size_of(value) if self._size_of is not None else 0
 
     def __len__(self) -> int:
         return len(self._items)
-
 
 
 def tensor_digest(tensor: Any) -> str:

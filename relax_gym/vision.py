@@ -14,6 +14,7 @@ already expanded run; both are accepted, anything else is a :class:`VisionInputE
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 
 from PIL import Image
 
+from relax_gym.content_cache import ContentCache
 from relax_gym.errors import RelaxGymError
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -116,7 +118,60 @@ def load_image_processor(path: str | Path) -> Any:
         Qwen2VLImageProcessorPil,
     )
 
-    return Qwen2VLImageProcessorPil.from_pretrained(str(path))
+    return CachedImageProcessor(Qwen2VLImageProcessorPil.from_pretrained(str(path)))
+
+
+#: processed images by (processor settings, image content): pixel values and grid
+_PROCESSED_IMAGES: ContentCache[tuple[Any, Any]] = ContentCache(
+    65536, max_bytes=256 << 20, size_of=lambda v: v[0].numel() * v[0].element_size())
+
+
+class CachedImageProcessor:
+    """An image processor that processes each distinct image once, by content.
+
+    One image reaches the processor many times per RL step: for each of a GRPO group's G samples
+    in the codec (its grid), in the engine (pixels for the prefill) and in the trainer (pixels
+    again). Each image is processed on its own and the results concatenated in order, which is
+    what the processor does for a list (tested equal). Processors with the same settings share
+    one cache (the codec's, the engine's and the trainer's in one process), bounded to 256 MB of
+    pixel values. Everything else is the wrapped processor's (attributes, ``save_pretrained``).
+    """
+
+    def __init__(self, processor: Any) -> None:
+        self.processor = processor
+        self._settings = hashlib.sha1(processor.to_json_string().encode()).digest()
+
+    def __call__(self, images: Sequence[Image.Image] | None = None, return_tensors: str | None = None,
+                 **kwargs: Any) -> Any:
+        if kwargs or return_tensors != "pt" or not images or not all(isinstance(im, Image.Image) for im in images):
+            return self.processor(images=images, return_tensors=return_tensors, **kwargs)
+        import torch
+        from transformers import BatchFeature
+
+        parts = [self._one(im) for im in images]
+        return BatchFeature({"pixel_values": torch.cat([p for p, _ in parts]),
+                             "image_grid_thw": torch.cat([g for _, g in parts])})
+
+    def _one(self, image: Image.Image) -> tuple[Any, Any]:
+        rgb = image if image.mode == "RGB" else image.convert("RGB")
+        key = self._settings + hashlib.sha1(f"{rgb.size}".encode() + rgb.tobytes()).digest()
+
+        def process() -> tuple[Any, Any]:
+            out = self.processor(images=[rgb], return_tensors="pt")
+            return out["pixel_values"], out["image_grid_thw"]
+
+        return _PROCESSED_IMAGES.get_or_make(key, process)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("processor", "_settings"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.processor, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"processor": self.processor}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["processor"])  # type: ignore[misc]
 
 
 def image_token_count(grid_thw: Any, merge_size: int) -> int:
@@ -224,6 +279,7 @@ def collapse_runs(ids: Sequence[int], token_id: int | None) -> list[int]:
 
 
 __all__ = [
+    "CachedImageProcessor",
     "IMAGE_TOKEN",
     "VIDEO_TOKEN",
     "VISION_END",

@@ -68,3 +68,42 @@ def test_the_memoized_sandbox_still_refuses_unsafe_attributes() -> None:
         refused += expected.startswith("refused")
         assert outcome(ours) == expected == outcome(ours), source
     assert refused >= 4
+
+
+def test_the_cached_image_processor_equals_the_processor_and_processes_each_image_once(tmp_path: Path) -> None:
+    """Per image, cached by content and settings, concatenated in order: the processor's own
+    output for the list; a second processor with the same settings reuses the work."""
+    from unittest import mock
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from relax_gym.vision import CachedImageProcessor, build_image_processor, load_image_processor
+
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)) for h, w in ((64, 48), (40, 90))]
+    images += [images[0].copy(), images[1].convert("L"), images[0].convert("RGBA")]  # repeats, other modes
+    raw = build_image_processor(min_pixels=32 * 32, max_pixels=96 * 96)
+    raw.save_pretrained(str(tmp_path))
+    cached = load_image_processor(tmp_path)
+    assert isinstance(cached, CachedImageProcessor) and cached.merge_size == raw.merge_size
+    ref = raw(images=[im.convert("RGB") for im in images], return_tensors="pt")
+    calls: list[int] = []
+    real_call = type(cached.processor).__call__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(len(kwargs.get("images") or args[0]))
+        return real_call(self, *args, **kwargs)
+
+    with mock.patch.object(type(cached.processor), "__call__", counting):
+        out = cached(images=images, return_tensors="pt")
+        again = load_image_processor(tmp_path)(images=images[:2], return_tensors="pt")
+    assert torch.equal(out["pixel_values"], ref["pixel_values"])
+    assert torch.equal(out["image_grid_thw"], ref["image_grid_thw"])
+    assert torch.equal(again["pixel_values"], ref["pixel_values"][: again["pixel_values"].shape[0]])
+    assert calls == [1, 1, 1]  # the 64x48 and 40x90 images and the grey one; RGBA of image 0 is image 0
+    other = build_image_processor(min_pixels=32 * 32, max_pixels=48 * 48)  # other settings: other pixels
+    other.save_pretrained(str(tmp_path / "other"))
+    assert not torch.equal(load_image_processor(tmp_path / "other")(images=images[:1], return_tensors="pt")[
+        "image_grid_thw"], ref["image_grid_thw"][:1])

@@ -85,7 +85,7 @@ def test_tiny_qwen3_vl_folder(tiny_qwen3_vl: Path) -> None:
     assert config.text_config.vocab_size == 151936
     assert config.image_token_id == 151655
     processor = load_image_processor(tiny_qwen3_vl)
-    assert type(processor).__name__ == "Qwen2VLImageProcessorPil" and processor.patch_size == 16
+    assert type(processor.processor).__name__ == "Qwen2VLImageProcessorPil" and processor.patch_size == 16
     size_mb = folder_size_bytes(tiny_qwen3_vl) / 1e6
     assert 30 < size_mb < 60  # the 151936 x 64 float32 embedding is most of it
 
