@@ -28,6 +28,7 @@ def test_plan_shares_each_distinct_prompt_and_declines_when_nothing_repeats() ->
     # a row without loss tokens still keeps one token after its prefix; a loss on token 0 keeps one before
     plan = plan_shared_prefixes([[1, 2, 3], [1, 2, 3], [1, 2]], [[0, 0, 0], [0, 0, 0], [1, 1]], min_saving=0.0)
     assert plan is not None and plan.prefix_len == [2, 2, 1]
+    assert plan_shared_prefixes([[1], [1]], [[0], [0]], min_saving=0.0) is None  # nothing to put after a prompt
 
 
 def test_group_order_keeps_a_prompts_rows_together() -> None:

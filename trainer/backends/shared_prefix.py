@@ -71,7 +71,7 @@ def plan_shared_prefixes(input_ids: Sequence[Sequence[int]], loss_mask: Sequence
         prefix_len.append(cut)
     total = sum(len(ids) for ids in input_ids)
     saved = sum(prefix_len) - sum(len(p) for p in prefixes)
-    if len(input_ids) < 2 or total == 0 or saved < min_saving * total:
+    if len(input_ids) < 2 or min(map(len, input_ids)) < 2 or saved < min_saving * total:
         return None
     return PrefixPlan(prefixes, row_prefix, prefix_len, representatives, saved, total)
 
