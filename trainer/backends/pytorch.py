@@ -132,7 +132,7 @@ class TorchBackend(TrainerBackend):
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.is_vision = hasattr(self.config, "vision_config")
         self.is_omni = is_omni(self.config)  # the Qwen3-Omni thinker: no mm_token_type_ids, audio features
-        # one forward per distinct prompt of a micro-batch (shared_prefix.py): text decoders with a KV cache
+        # one forward per distinct prompt of a micro-batch (shared_prefix.py): text and Qwen-VL decoders
         self.share_prompts = share_prompts and not (self.is_omni or gradient_checkpointing)
         self.image_token_id = getattr(self.config, "image_token_id", None)
         self.video_token_id = getattr(self.config, "video_token_id", None)
