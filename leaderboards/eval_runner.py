@@ -128,6 +128,9 @@ class _EpisodeLog:
         extra: dict[str, Any] = {"reasoning": turn.reasoning} if turn.reasoning else {}
         if turn.action.parse_errors:
             extra["parse_errors"] = list(turn.action.parse_errors)
+        rec.media_errors += len(turn.media_errors)
+        if turn.media_errors:
+            extra["media_errors"] = list(turn.media_errors)
         self.transcript.append((turn.message, extra))
 
     def add_step(

@@ -41,6 +41,7 @@ class EpisodeRecord(BaseModel):
     tool_calls: int = 0
     invalid_actions: int = 0
     parse_errors: int = 0
+    media_errors: int = 0  # corrupt or over-budget clips replaced by an error text
     prompt_tokens: int = 0
     completion_tokens: int = 0
     media_sent: dict[str, int] = Field(default_factory=dict)

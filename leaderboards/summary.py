@@ -62,6 +62,7 @@ def _env_stats(rows: list[EpisodeRecord]) -> dict[str, Any]:
         "tool_calls": sum(r.tool_calls for r in rows),
         "invalid_actions": sum(r.invalid_actions for r in rows),
         "parse_errors": sum(r.parse_errors for r in rows),
+        "media_errors": sum(r.media_errors for r in rows),
         "prompt_tokens": sum(r.prompt_tokens for r in rows),
         "completion_tokens": sum(r.completion_tokens for r in rows),
         "media_sent": dict(sorted(media.items())),

@@ -128,6 +128,7 @@ class TurnResult:
     completion_tokens: int = 0
     media_sent: Counter[str] = field(default_factory=Counter)
     reasoning: str | None = None
+    media_errors: list[str] = field(default_factory=list)  # clips the model read an error text for, by reason
 
 
 class AgentSession(abc.ABC):

@@ -78,6 +78,7 @@ class Conversation:
         self.context: ChatContext | None = None
         self.tools: list[ToolSpec] = []  # the latest observation's tools, for parsing
         self.media: list[str] = []  # modality of each media part sent, in prompt order
+        self.media_errors: list[str] = []  # reasons of clips replaced by an error text, not yet reported
 
     def add_observation(self, observation: Observation) -> None:
         """Append the env's new messages; raise :class:`ModalityRejected` before anything is sent."""
@@ -99,15 +100,30 @@ class Conversation:
         if observation.tools:
             self.tools = list(observation.tools)
         try:
-            if self.context is None:
-                tools = [t.to_openai() for t in observation.tools]
-                self.context = ChatContext(self.codec, messages, tools, system_prompt=self.options.system_prompt)
-            else:
-                self.context.add_observation(messages)
+            try:
+                self._extend(observation, messages)
+            except MediaError:  # a corrupt or over-budget clip: the model reads why in its place
+                screened, errors = self.codec.screen_media(messages)
+                if not errors:
+                    raise
+                self.media_errors += [getattr(e, "reason", "corrupt") for e in errors]
+                self._extend(observation, screened)
         except TemplateError as exc:
             raise AgentError(f"chat template: {exc}") from None
-        except MediaError as exc:  # a corrupt or over-budget clip fails this episode only
+        except MediaError as exc:  # no single clip at fault (too many clips): this episode fails
             raise AgentError(f"media: {exc}") from None
+
+    def _extend(self, observation: Observation, messages: list[dict[str, Any]]) -> None:
+        if self.context is None:
+            tools = [t.to_openai() for t in observation.tools]
+            self.context = ChatContext(self.codec, messages, tools, system_prompt=self.options.system_prompt)
+        else:
+            self.context.add_observation(messages)
+
+    def take_media_errors(self) -> list[str]:
+        """The clips replaced since the last call (reasons), for the turn's record."""
+        out, self.media_errors = self.media_errors, []
+        return out
 
     @property
     def ids(self) -> list[int]:
@@ -193,6 +209,7 @@ class LocalChatSession(AgentSession):
             completion_tokens=completion_tokens,
             media_sent=count_media(observation.messages),
             reasoning=reasoning,
+            media_errors=self.conv.take_media_errors(),
         )
 
 

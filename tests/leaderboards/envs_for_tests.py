@@ -5,6 +5,7 @@
 * ``Picture`` -- name the colour of a square image (text + image).
 * ``Lookup`` -- the answer is only available through a tool call (``tools`` tag, two turns).
 * ``Flaky`` -- raises inside ``step`` on seeds divisible by 3 (a broken env, for error rows).
+* ``LongClip`` -- a Pick prompt with a good clip and one over the default video budget (301 s).
 """
 
 from __future__ import annotations
@@ -136,6 +137,18 @@ class FlakyEnv(PickEnv):
         return super().step(action)
 
 
+class LongClipEnv(PickEnv):
+    """A Pick prompt showing a 2 s clip and a 301 s one (over the default 300 s budget)."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        from relax_gym.types import VideoPart
+
+        obs, info = super().reset(seed=seed, options=options)
+        frames = np.zeros((301, 32, 32, 3), dtype=np.uint8)
+        clips = [VideoPart(frames[:4], 2.0), VideoPart(frames, 1.0)]
+        return Observation([Message.user(obs.messages[0].text, *clips)]), info
+
+
 def register_all() -> None:
     """Register the test envs and suites once (idempotent)."""
     if "lbtest/Pick-v0" in relax_gym.registry:
@@ -145,6 +158,7 @@ def register_all() -> None:
     relax_gym.register("lbtest/Picture-v0", PictureEnv)
     relax_gym.register("lbtest/Lookup-v0", LookupEnv)
     relax_gym.register("lbtest/Flaky-v0", FlakyEnv)
+    relax_gym.register("lbtest/LongClip-v0", LongClipEnv)
     relax_gym.register_suite(
         "lbtest/mini-v0", ["lbtest/Pick-v0", "lbtest/Picture-v0", "lbtest/Lookup-v0"], episodes_per_env=6
     )

@@ -12,6 +12,7 @@ the run with a clear error before any episode is scored.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +188,19 @@ def test_sglang_agent_sends_video_to_qwen3_vl(engine: Any, models: dict[str, Pat
     # 2 s at 2 fps = 4 frames = 2 temporal patches, each <T seconds> + start + 4 pads + end
     assert all(r.prompt_tokens >= text_only[r.key] + 2 * 6 for r in rows), [(r.prompt_tokens, text_only[r.key])
                                                                             for r in rows]
+
+
+def test_a_clip_over_budget_reaches_the_model_as_an_error_text_and_is_counted(
+        engine: Any, models: dict[str, Path], tmp_path: Path) -> None:
+    """As in training: the refused clip becomes a text the model reads, the good clip beside it
+    is sent, the episode runs, and the record and summary count it."""
+    opts = AgentOptions(model=str(models["vl"]), max_tokens=4, temperature=1.0, thinking=False)
+    out = tmp_path / "sg-long"
+    res = _run(f"sglang:{engine.url}", out, opts, env_ids=["lbtest/LongClip-v0"], episodes=2)
+    assert res.fatal is None and res.summary["complete"]
+    rows = read_records(out / "episodes.jsonl")
+    assert len(rows) == 2 and all(not r.error and r.media_errors == 1 and r.completion_tokens > 0 for r in rows)
+    assert '"media_errors": 2' in json.dumps(res.summary)
+    transcript = (out / rows[0].transcript).read_text()
+    assert '"media_errors"' in transcript and '"duration"' in transcript  # the turn says why
+
