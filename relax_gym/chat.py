@@ -39,16 +39,15 @@ by the template, where the template would drop reasoning.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from relax_gym.audio import AudioSupport, audio_payload, canonical_waveform, collapse_audio_tokens
-from relax_gym.content_cache import ContentCache
+from relax_gym.content_cache import ContentCache, image_digest
 from relax_gym.errors import MediaError, RelaxGymError
 from relax_gym.media import image_to_data_url
 from relax_gym.types import AudioPart, ImagePart, VideoPart
@@ -58,6 +57,7 @@ from relax_gym.vision import VisionInputError, collapse_image_tokens, expand_ima
 ThinkPolicy = Literal["keep", "split"]
 _SENTINEL = "\u2063RELAXGYMSENTINEL\u2063"
 MEDIA_KINDS = ("image", "audio", "video")
+_Built = TypeVar("_Built")
 
 
 #: markup a tool parser or the thinking split must see even where the tokenizer marks it special
@@ -318,6 +318,21 @@ class ChatCodec:
                     parts.append({"type": "text", "text": f"[{error.kind} could not be used: {error.cause}]"})
             out.append({**msg, "content": parts})
         return out, errors
+
+    def build_screened(self, build: Callable[[list[dict[str, Any]]], _Built], messages: list[dict[str, Any]],
+                       on_errors: Callable[[list[MediaError]], None]) -> tuple[_Built, list[dict[str, Any]]]:
+        """``build(messages)``; when a clip in them is corrupt or over its budget, ``on_errors``
+        gets the clips' errors and ``build`` runs again with each replaced by its error text
+        (:meth:`screen_media`). Returns the result and the messages it encodes. A MediaError no
+        single clip causes (more clips than the budget) propagates."""
+        try:
+            return build(messages), messages
+        except MediaError:
+            screened, errors = self.screen_media(messages)
+            if not errors:
+                raise
+            on_errors(errors)
+            return build(screened), screened
 
     def _clip_error(self, part: dict[str, Any]) -> MediaError | None:
         """Why this video or audio part cannot reach the model, or None."""
@@ -779,8 +794,7 @@ _PNG_URLS: ContentCache[str] = ContentCache(4096, max_bytes=64 << 20, size_of=le
 
 
 def _png_url(rgb: Any) -> str:
-    key = hashlib.sha1(f"{rgb.size}{rgb.mode}".encode() + rgb.tobytes()).digest()
-    return _PNG_URLS.get_or_make(key, lambda: image_to_data_url(rgb))
+    return _PNG_URLS.get_or_make(image_digest(rgb), lambda: image_to_data_url(rgb))
 
 
 def _placeholder(part: dict[str, Any]) -> str:

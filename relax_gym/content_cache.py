@@ -71,4 +71,10 @@ def tensor_digest(tensor: Any) -> str:
     return hashlib.sha1(head.encode() + data).hexdigest()
 
 
-__all__ = ["ContentCache", "tensor_digest"]
+def image_digest(image: Any) -> bytes:
+    """A content key of a PIL image: its size, mode and pixels (the PNG and the processed-pixel
+    caches of one image share it)."""
+    return hashlib.sha1(f"{image.size}{image.mode}".encode() + image.tobytes()).digest()
+
+
+__all__ = ["ContentCache", "image_digest", "tensor_digest"]

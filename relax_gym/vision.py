@@ -22,7 +22,7 @@ from typing import Any
 
 from PIL import Image
 
-from relax_gym.content_cache import ContentCache
+from relax_gym.content_cache import ContentCache, image_digest
 from relax_gym.errors import RelaxGymError
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -154,7 +154,7 @@ class CachedImageProcessor:
 
     def _one(self, image: Image.Image) -> tuple[Any, Any]:
         rgb = image if image.mode == "RGB" else image.convert("RGB")
-        key = self._settings + hashlib.sha1(f"{rgb.size}".encode() + rgb.tobytes()).digest()
+        key = self._settings + image_digest(rgb)
 
         def process() -> tuple[Any, Any]:
             out = self.processor(images=[rgb], return_tensors="pt")

@@ -100,14 +100,10 @@ class Conversation:
         if observation.tools:
             self.tools = list(observation.tools)
         try:
-            try:
-                self._extend(observation, messages)
-            except MediaError:  # a corrupt or over-budget clip: the model reads why in its place
-                screened, errors = self.codec.screen_media(messages)
-                if not errors:
-                    raise
-                self.media_errors += [getattr(e, "reason", "corrupt") for e in errors]
-                self._extend(observation, screened)
+            # a corrupt or over-budget clip: the model reads why in its place
+            self.codec.build_screened(lambda msgs: self._extend(observation, msgs), messages,
+                                      lambda errors: self.media_errors.extend(getattr(e, "reason", "corrupt")
+                                                                              for e in errors))
         except TemplateError as exc:
             raise AgentError(f"chat template: {exc}") from None
         except MediaError as exc:  # no single clip at fault (too many clips): this episode fails

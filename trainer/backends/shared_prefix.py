@@ -79,10 +79,11 @@ def plan_shared_prefixes(input_ids: Sequence[Sequence[int]], loss_mask: Sequence
 def group_order(input_ids: Sequence[Sequence[int]], loss_mask: Sequence[Sequence[int]]) -> list[int]:
     """Row order that keeps rows of one prompt next to each other (so one micro-batch holds the
     whole group) and otherwise follows length, like the plain sort."""
-    def prompt(i: int) -> tuple[int, ...]:
-        return tuple(input_ids[i][: prompt_cut(input_ids[i], loss_mask[i])])
+    def key(i: int) -> tuple[int, tuple[int, ...], int]:
+        prompt = tuple(input_ids[i][: prompt_cut(input_ids[i], loss_mask[i])])
+        return len(prompt), prompt, len(input_ids[i])
 
-    return sorted(range(len(input_ids)), key=lambda i: (len(prompt(i)), prompt(i), len(input_ids[i])))
+    return sorted(range(len(input_ids)), key=key)
 
 
 def shared_prefix_hidden(base: Any, rows: Sequence[Sequence[int]], plan: PrefixPlan, width: int,

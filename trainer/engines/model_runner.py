@@ -53,15 +53,18 @@ class SeqInput:
     want_prompt_logits: bool = False
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # cached KV of a token prefix
     past_len: int = 0
+    media_digests: tuple[str | None, ...] | None = None  # dedupe_key's memo: admission and prefill both ask
 
 
 def dedupe_key(seq: SeqInput) -> Hashable | None:
     """What makes two prefill rows identical: token ids, cached-prefix length, the multimodal
     token types of a Qwen-VL row and the content of its image, video or audio inputs (a GRPO
     group sends one image G times). None for a row never shared: media on top of a cached prefix."""
-    media = tuple(tensor_digest(t) if t is not None else None
-                  for t in (seq.pixel_values, seq.image_grid_thw, seq.pixel_values_videos, seq.video_grid_thw,
-                            seq.input_features, seq.feature_attention_mask))
+    if seq.media_digests is None:  # hashing a row's pixels is the costly part: once per input
+        seq.media_digests = tuple(tensor_digest(t) if t is not None else None
+                                  for t in (seq.pixel_values, seq.image_grid_thw, seq.pixel_values_videos,
+                                            seq.video_grid_thw, seq.input_features, seq.feature_attention_mask))
+    media = seq.media_digests
     if seq.past is not None and any(m is not None for m in media):
         return None
     types = None if seq.mm_token_type_ids is None or not any(seq.mm_token_type_ids) else tuple(seq.mm_token_type_ids)

@@ -313,7 +313,7 @@ class EpisodeRunner:
             self.metrics.template_errors += 1
             raise _EpisodeStop("env_error", f"chat template: {exc}") from None
         except MediaError as exc:  # not one clip's fault (e.g. too many clips): this episode ends, counted
-            self._count_media_error(exc)
+            self._count_media_errors([exc])
             raise _EpisodeStop("env_error", f"media: {exc}") from None
         self.metrics.video_reduced.update(getattr(out, "video_reduced", ()))
         return out
@@ -323,25 +323,20 @@ class EpisodeRunner:
         """``build(msgs)`` through :meth:`_template`; a corrupt or over-budget clip in ``msgs``
         becomes a text error the model reads (counted by reason) and the episode goes on. Returns
         the result and the messages it encodes."""
-        def attempt() -> _T:
-            nonlocal msgs
-            try:
-                return build(msgs)
-            except MediaError:
-                screened, errors = self.codec.screen_media(msgs)
-                if not errors:
-                    raise
-                for error in errors:
-                    self._count_media_error(error)
-                msgs = screened
-                return build(msgs)
+        used = msgs
 
-        return self._template(attempt), msgs
+        def attempt() -> _T:  # _template reads the built context's video_reduced
+            nonlocal used
+            out, used = self.codec.build_screened(build, msgs, self._count_media_errors)
+            return out
 
-    def _count_media_error(self, exc: MediaError) -> None:
-        reason = getattr(exc, "reason", "corrupt")
-        self.metrics.media_errors[reason] += 1
-        self.media_errors.append(reason)
+        return self._template(attempt), used
+
+    def _count_media_errors(self, errors: list[MediaError]) -> None:
+        for exc in errors:
+            reason = getattr(exc, "reason", "corrupt")
+            self.metrics.media_errors[reason] += 1
+            self.media_errors.append(reason)
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:
