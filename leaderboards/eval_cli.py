@@ -59,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     who.add_argument("--min-p", type=probability, default=0.0)
     who.add_argument("--max-tokens", type=positive_int, default=512, help="max new tokens per turn (default 512)")
     who.add_argument(
+        "--max-context",
+        type=positive_int,
+        help="sglang:/hf: the model's context in tokens (default: what the server or the model folder reports); "
+        "each turn's max tokens is cut to the room left, and an episode that fills it ends as truncated",
+    )
+    who.add_argument(
         "--thinking",
         choices=["on", "off", "default"],
         default="default",
@@ -105,6 +111,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         timeout_s=args.timeout,
         tool_parser=args.tool_parser,
         system_prompt=args.system_prompt,
+        max_context=args.max_context,
     )
 
 

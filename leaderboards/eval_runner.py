@@ -39,7 +39,7 @@ from relax_gym.transcript import MediaWriter, message_to_record
 from relax_gym.types import Message, Observation
 
 from . import baselines as baselines_mod
-from .agents import Agent, AgentError, AgentSession, EpisodeInfo, FatalAgentError, TurnResult
+from .agents import Agent, AgentError, AgentSession, ContextExhausted, EpisodeInfo, FatalAgentError, TurnResult
 from .config import EvalConfig, EvalTarget
 from .records import (
     EpisodeKeyTuple,
@@ -159,7 +159,12 @@ async def _play(
     come from the last step's info."""
     info: dict[str, Any] = {}
     for _ in range(env.max_turns):
-        turn = await session.act(obs)
+        try:
+            turn = await session.act(obs)
+        except ContextExhausted:  # the model's context is full: truncated, as a rollout at its budget
+            rec.truncated = rec.context_exhausted = True
+            info = {}
+            break
         log.add_turn(rec, turn)
         obs, reward, terminated, truncated, info = await env.astep(turn.action)
         log.add_step(rec, reward, terminated, truncated, info)

@@ -38,6 +38,7 @@ class EpisodeRecord(BaseModel):
     turns: int = 0
     terminated: bool = False
     truncated: bool = False
+    context_exhausted: bool = False  # truncated because the conversation filled the model's context
     tool_calls: int = 0
     invalid_actions: int = 0
     parse_errors: int = 0

@@ -63,6 +63,7 @@ def _env_stats(rows: list[EpisodeRecord]) -> dict[str, Any]:
         "invalid_actions": sum(r.invalid_actions for r in rows),
         "parse_errors": sum(r.parse_errors for r in rows),
         "media_errors": sum(r.media_errors for r in rows),
+        "context_exhausted": sum(r.context_exhausted for r in rows),
         "prompt_tokens": sum(r.prompt_tokens for r in rows),
         "completion_tokens": sum(r.completion_tokens for r in rows),
         "media_sent": dict(sorted(media.items())),

@@ -646,6 +646,20 @@ class EngineClient:
         items = data.get("data") if isinstance(data, dict) else None
         return [str(m["id"]) for m in items or [] if isinstance(m, dict) and "id" in m]
 
+    async def max_model_len(self) -> int | None:
+        """The context length the server enforces, from ``GET /v1/models`` (``max_model_len`` of
+        the first card, as SGLang and the embedded engine report it); None when not reported."""
+        try:
+            data = await self._request("GET", "/v1/models", timeout_s=self.control_timeout_s)
+        except EngineError:
+            return None
+        items = data.get("data") if isinstance(data, dict) else None
+        for card in items or []:
+            value = card.get("max_model_len") if isinstance(card, dict) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     async def flush_cache(self) -> None:
         await self._request("POST", "/flush_cache", timeout_s=self.control_timeout_s)
 

@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
-                   TurnResult, split_thinking)
+from .base import (Agent, AgentError, AgentOptions, AgentSession, ContextExhausted, EpisodeInfo, FatalAgentError,
+                   ModalityRejected, TurnResult, split_thinking)
 
 AGENT_KINDS: tuple[str, ...] = ("random", "oracle", "openai:URL", "sglang:URL", "hf:PATH", "python:module:callable")
 
@@ -50,5 +50,5 @@ def make_agent(spec: str, options: AgentOptions | None = None) -> Agent:
     raise FatalAgentError(f"unknown agent {spec!r}; expected one of: {', '.join(AGENT_KINDS)}")
 
 
-__all__ = ["AGENT_KINDS", "Agent", "AgentError", "AgentOptions", "AgentSession", "EpisodeInfo", "FatalAgentError",
-           "ModalityRejected", "TurnResult", "make_agent", "split_thinking"]
+__all__ = ["AGENT_KINDS", "Agent", "AgentError", "AgentOptions", "AgentSession", "ContextExhausted", "EpisodeInfo",
+           "FatalAgentError", "ModalityRejected", "TurnResult", "make_agent", "split_thinking"]

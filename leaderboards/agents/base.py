@@ -51,6 +51,12 @@ class FatalAgentError(AgentError):
     """The agent cannot work at all (unreachable, unauthorised, misconfigured): stop the run."""
 
 
+class ContextExhausted(AgentError):
+    """The conversation fills the model's context: no room is left for a reply. The episode ends
+    as truncated (``context_exhausted`` on its record), as a training rollout ends at its token
+    budget; it is not an agent failure, and ``--resume`` does not replay it."""
+
+
 class ModalityRejected(FatalAgentError):
     """The model or endpoint does not accept a modality the environment sends."""
 
@@ -82,10 +88,12 @@ class AgentOptions:
     timeout_s: float = 300.0
     tool_parser: str = "hermes"
     system_prompt: str | None = None
+    max_context: int | None = None  # the model's context in tokens; None: what the server or model reports
 
     def sampling_config(self) -> dict[str, Any]:
         """The options that change what the model samples (they go into the config hash)."""
-        return {
+        extra = {} if self.max_context is None else {"max_context": self.max_context}  # old hashes hold
+        return {**extra,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -240,6 +248,7 @@ __all__ = [
     "AgentError",
     "AgentOptions",
     "AgentSession",
+    "ContextExhausted",
     "EpisodeInfo",
     "FatalAgentError",
     "ModalityRejected",

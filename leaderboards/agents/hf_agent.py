@@ -21,7 +21,7 @@ from typing import Any
 from relax_gym.core import Env
 
 from .base import AgentOptions, EpisodeInfo, FatalAgentError
-from .local_chat import Conversation, LocalChatAgent, LocalChatSession, load_codec
+from .local_chat import Conversation, LocalChatAgent, LocalChatSession, folder_context, load_codec
 
 
 class HFAgent(LocalChatAgent):
@@ -63,6 +63,7 @@ class HFAgent(LocalChatAgent):
         except (OSError, ValueError) as exc:
             raise FatalAgentError(f"hf: cannot load the model in {self.path!r}: {exc}") from None
         self.model.eval()
+        self.set_context_limit(folder_context(self.path))
 
     def session(self, env: Env, episode: EpisodeInfo) -> _HFSession:
         return _HFSession(self, env, episode)
@@ -72,7 +73,7 @@ class HFAgent(LocalChatAgent):
 
         return {"transformers": transformers.__version__}
 
-    def generate(self, conv: Conversation, seed: int) -> list[int]:
+    def generate(self, conv: Conversation, seed: int, max_new_tokens: int) -> list[int]:
         """The generated token ids (the end-of-turn token included); runs under the model lock."""
         import torch
 
@@ -100,7 +101,7 @@ class HFAgent(LocalChatAgent):
             extra.update(conv.codec.audio.features([a.waveform for a in conv.context.audios]))
         o = self.options
         sample = o.temperature > 0
-        gen_kwargs: dict[str, Any] = {"max_new_tokens": o.max_tokens, "do_sample": sample}
+        gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": sample}
         if sample:
             gen_kwargs.update(temperature=o.temperature, top_p=o.top_p)
             if o.top_k > 0:
@@ -119,9 +120,9 @@ class HFAgent(LocalChatAgent):
 class _HFSession(LocalChatSession):
     agent: HFAgent
 
-    async def generate(self, seed: int) -> tuple[list[int], int, int]:
+    async def generate(self, seed: int, max_new_tokens: int) -> tuple[list[int], int, int]:
         prompt_tokens = len(self.conv.ids)
-        new = await asyncio.to_thread(self.agent.generate, self.conv, seed)
+        new = await asyncio.to_thread(self.agent.generate, self.conv, seed, max_new_tokens)
         return new, prompt_tokens, len(new)
 
 

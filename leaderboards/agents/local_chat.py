@@ -26,8 +26,8 @@ from relax_gym.core import Env
 from relax_gym.errors import MediaError
 from relax_gym.types import Action, Message, Observation, ToolCall, ToolSpec
 
-from .base import (Agent, AgentError, AgentOptions, AgentSession, EpisodeInfo, FatalAgentError, ModalityRejected,
-                   TurnResult, count_media, split_thinking)
+from .base import (Agent, AgentError, AgentOptions, AgentSession, ContextExhausted, EpisodeInfo, FatalAgentError,
+                   ModalityRejected, TurnResult, count_media, split_thinking)
 
 
 def load_codec(path: str, options: AgentOptions) -> ChatCodec:
@@ -48,6 +48,21 @@ def load_codec(path: str, options: AgentOptions) -> ChatCodec:
         raise FatalAgentError(f"the tokenizer in {path!r} has no usable chat template: {exc}") from None
     except (OSError, ValueError) as exc:
         raise FatalAgentError(f"cannot load a tokenizer from {path!r}: {exc}") from None
+
+
+def folder_context(path: str) -> int | None:
+    """The context length in a model folder's ``config.json`` (its text model's, for a
+    multimodal one); None when the folder has no readable config."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    thinker = cfg.get("thinker_config")
+    for section in (cfg.get("text_config"), thinker.get("text_config") if isinstance(thinker, dict) else None, cfg):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 class ToolCallParser:
@@ -158,6 +173,13 @@ class LocalChatAgent(Agent):
         self.options = options
         self.codec: ChatCodec | None = None
         self._parser: ToolCallParser | None = None
+        self.context_limit: int | None = None  # tokens the model takes in all; set by start()
+
+    def set_context_limit(self, reported: int | None) -> None:
+        """The context every request must fit: the smaller of what the server or model reports and
+        ``--max-context``; unknown (no clamp) when neither is given."""
+        known = [int(n) for n in (reported, self.options.max_context) if n]
+        self.context_limit = min(known) if known else None
 
     def parser(self) -> ToolCallParser:
         if self._parser is None:
@@ -188,14 +210,30 @@ class LocalChatSession(AgentSession):
         self.turn = 0
 
     @abc.abstractmethod
-    async def generate(self, seed: int) -> tuple[list[int], int, int]:
+    async def generate(self, seed: int, max_new_tokens: int) -> tuple[list[int], int, int]:
         """Generate from ``self.conv.ids``: (output ids, prompt tokens, completion tokens)."""
+
+    def reply_budget(self) -> int:
+        """``--max-tokens``, cut to the room the model's context has left: SGLang refuses a request
+        whose prompt plus ``max_new_tokens`` passes the context (the embedded engine at equal), so
+        a long multi-turn episode would otherwise end in an engine error instead of a truncation."""
+        limit = self.agent.context_limit
+        if limit is None:
+            return self.agent.options.max_tokens
+        room = limit - len(self.conv.ids) - 1
+        if room < 1:
+            raise ContextExhausted(
+                f"the conversation holds {len(self.conv.ids)} tokens; the model's context is {limit}: "
+                "no room is left for a reply"
+            )
+        return min(self.agent.options.max_tokens, room)
 
     async def act(self, observation: Observation) -> TurnResult:
         self.conv.add_observation(observation)
+        budget = self.reply_budget()
         seed = self.episode.turn_seed(self.turn)
         self.turn += 1
-        output_ids, prompt_tokens, completion_tokens = await self.generate(seed)
+        output_ids, prompt_tokens, completion_tokens = await self.generate(seed, budget)
         parser = self.agent.parser() if self.conv.tools else None
         action, reasoning, calls = self.conv.add_reply(output_ids, parser, self.turn - 1)
         return TurnResult(
@@ -209,4 +247,4 @@ class LocalChatSession(AgentSession):
         )
 
 
-__all__ = ["Conversation", "LocalChatAgent", "LocalChatSession", "ToolCallParser", "load_codec"]
+__all__ = ["Conversation", "LocalChatAgent", "LocalChatSession", "ToolCallParser", "folder_context", "load_codec"]

@@ -19,7 +19,7 @@ from relax_gym.audio import collapse_audio_tokens
 from relax_gym.video import collapse_spans
 
 from .base import AgentError, AgentOptions, EpisodeInfo, FatalAgentError, call_engine, refusal
-from .local_chat import LocalChatAgent, LocalChatSession, load_codec
+from .local_chat import LocalChatAgent, LocalChatSession, folder_context, load_codec
 from .openai_agent import api_base
 
 
@@ -50,6 +50,7 @@ class SGLangAgent(LocalChatAgent):
                 "or --model with the model folder"
             )
         self.codec = load_codec(path, self.options)
+        self.set_context_limit(await self.client.max_model_len() or folder_context(path))
 
     def session(self, env: Env, episode: EpisodeInfo) -> _SGLangSession:
         return _SGLangSession(self, env, episode)
@@ -72,9 +73,9 @@ class SGLangAgent(LocalChatAgent):
 class _SGLangSession(LocalChatSession):
     agent: SGLangAgent
 
-    def _request(self, seed: int) -> GenerateRequest:
+    def _request(self, seed: int, max_new_tokens: int) -> GenerateRequest:
         o, codec = self.agent.options, self.conv.codec
-        params = SamplingParams(max_new_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=o.temperature, top_p=o.top_p,
                                 top_k=o.top_k, min_p=o.min_p, sampling_seed=seed,
                                 stop_token_ids=sorted(codec.reserved_ids) or None)
         ctx = self.conv.context
@@ -90,8 +91,8 @@ class _SGLangSession(LocalChatSession):
         return GenerateRequest(input_ids=ids, sampling_params=params, image_data=payloads or None,
                                video_data=videos or None, audio_data=audios or None)
 
-    async def generate(self, seed: int) -> tuple[list[int], int, int]:
-        request = self._request(seed)
+    async def generate(self, seed: int, max_new_tokens: int) -> tuple[list[int], int, int]:
+        request = self._request(seed, max_new_tokens)
         reply = await call_engine(self.agent.client.generate(request),
                                   lambda exc: refusal(exc, self.agent.url, self.conv.media))
         try:

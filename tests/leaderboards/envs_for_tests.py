@@ -6,6 +6,8 @@
 * ``Lookup`` -- the answer is only available through a tool call (``tools`` tag, two turns).
 * ``Flaky`` -- raises inside ``step`` on seeds divisible by 3 (a broken env, for error rows).
 * ``LongClip`` -- a Pick prompt with a good clip and one over the default video budget (301 s).
+* ``Chatter`` -- never ends before its 60 turns, each observation a long text: a conversation
+  that fills a small model context.
 """
 
 from __future__ import annotations
@@ -149,6 +151,16 @@ class LongClipEnv(PickEnv):
         return Observation([Message.user(obs.messages[0].text, *clips)]), info
 
 
+class ChatterEnv(PickEnv):
+    """Every reply is answered with a long text; the episode only ends at ``max_turns``."""
+
+    max_turns = 60
+
+    def step(self, action: Action | str):
+        text = " ".join(f"word{i}" for i in range(12))
+        return Observation([Message.user(f"Go on. {text}")]), 0.0, False, False, {"success": False}
+
+
 def register_all() -> None:
     """Register the test envs and suites once (idempotent)."""
     if "lbtest/Pick-v0" in relax_gym.registry:
@@ -159,6 +171,7 @@ def register_all() -> None:
     relax_gym.register("lbtest/Lookup-v0", LookupEnv)
     relax_gym.register("lbtest/Flaky-v0", FlakyEnv)
     relax_gym.register("lbtest/LongClip-v0", LongClipEnv)
+    relax_gym.register("lbtest/Chatter-v0", ChatterEnv)
     relax_gym.register_suite(
         "lbtest/mini-v0", ["lbtest/Pick-v0", "lbtest/Picture-v0", "lbtest/Lookup-v0"], episodes_per_env=6
     )

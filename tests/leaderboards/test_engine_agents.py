@@ -204,3 +204,50 @@ def test_a_clip_over_budget_reaches_the_model_as_an_error_text_and_is_counted(
     transcript = (out / rows[0].transcript).read_text()
     assert '"media_errors"' in transcript and '"duration"' in transcript  # the turn says why
 
+
+
+def _check_context_filled(out: Path, episodes: int) -> list[Any]:
+    """Every episode ran until the conversation filled the context and ended as truncated, with
+    no error: no request passed the limit (the engine refuses one with an error)."""
+    rows = read_records(out / "episodes.jsonl")
+    assert len(rows) == episodes and not [r.error for r in rows if r.error]
+    assert all(r.truncated and r.context_exhausted and not r.success for r in rows)
+    assert all(1 < r.turns < 60 for r in rows)  # filled well before the env's own end
+    for r in rows:
+        doc = json.loads((out / r.transcript).read_text())
+        assert len([m for m in doc["messages"] if m["role"] == "assistant"]) == r.turns
+    summary = json.loads((out / "summary.json").read_text())
+    env_stats = summary["results"]["envs"]["lbtest/Chatter-v0"]
+    assert env_stats["context_exhausted"] == episodes and env_stats["errors"] == 0
+    return rows
+
+
+def test_a_conversation_that_fills_the_context_ends_as_truncated(models: dict[str, Path], tmp_path: Path) -> None:
+    """sglang: on a 256-token model: each turn's max tokens is cut to the room the context has
+    left (the server refuses a prompt plus max_new_tokens past it), and the episode ends as
+    truncated with ``context_exhausted`` instead of an engine error; ``--max-context`` lowers
+    the limit the server reports."""
+    from relax_gym.trainer.engines.launch import EmbeddedEngineProcess
+    from relax_gym.trainer.models import build_tiny_model
+
+    small = build_tiny_model("qwen3", tmp_path / "small", max_position_embeddings=256)
+    opts = AgentOptions(model=str(small), max_tokens=24, temperature=1.0, thinking=False)
+    with EmbeddedEngineProcess(small, threads=1) as proc:
+        res = _run(f"sglang:{proc.url}", tmp_path / "sg", opts, env_ids=["lbtest/Chatter-v0"], episodes=2)
+        assert res.fatal is None and res.summary["complete"]
+        rows = _check_context_filled(tmp_path / "sg", episodes=2)
+        lower = AgentOptions(model=str(small), max_tokens=24, temperature=1.0, thinking=False, max_context=128)
+        res = _run(f"sglang:{proc.url}", tmp_path / "sg128", lower, env_ids=["lbtest/Chatter-v0"], episodes=2)
+        assert res.fatal is None and res.summary["complete"]
+        fewer = _check_context_filled(tmp_path / "sg128", episodes=2)
+    assert sum(r.turns for r in fewer) < sum(r.turns for r in rows)
+
+
+def test_hf_agent_cuts_its_replies_to_the_context_left(tmp_path: Path) -> None:
+    from relax_gym.trainer.models import build_tiny_model
+
+    small = build_tiny_model("qwen3", tmp_path / "small", max_position_embeddings=192)
+    opts = AgentOptions(max_tokens=24, temperature=1.0, thinking=False)
+    res = _run(f"hf:{small}", tmp_path / "hf", opts, env_ids=["lbtest/Chatter-v0"], episodes=1)
+    assert res.fatal is None and res.summary["complete"]
+    _check_context_filled(tmp_path / "hf", episodes=1)
