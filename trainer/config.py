@@ -873,6 +873,26 @@ def check_envs(config: TrainConfig) -> None:
     problem = modality_problem(config, envs)
     if problem:
         raise ConfigError(problem)
+    _check_context(config)
+
+
+def _check_context(config: TrainConfig) -> None:
+    """``rollout.max_total_tokens`` must fit the model's context: an engine (SGLang, or the
+    embedded one with its rules) refuses a turn whose prompt plus ``max_new_tokens`` passes it,
+    so every long episode would end as an engine error hours in. Checked for a model folder;
+    a tiny built model has the context its spec gives (8192 by default)."""
+    if config.model.path is None:
+        return
+    from relax_gym.trainer.models.architectures import folder_context
+
+    context = folder_context(config.model.path)
+    budget = config.rollout.max_total_tokens
+    if context is not None and budget > context:
+        raise ConfigError(
+            f"rollout.max_total_tokens is {budget}, but the model {config.model.path} serves a context of {context} "
+            f"tokens (its config.json): every turn past it would be refused by the engine; set "
+            f"rollout.max_total_tokens to at most {context}"
+        )
 
 
 def is_dataset_env(env_id: str) -> bool:

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.core import Env
+from relax_gym.trainer.models.architectures import folder_context
 
 from .base import AgentOptions, EpisodeInfo, FatalAgentError
-from .local_chat import Conversation, LocalChatAgent, LocalChatSession, folder_context, load_codec
+from .local_chat import Conversation, LocalChatAgent, LocalChatSession, load_codec
 
 
 class HFAgent(LocalChatAgent):

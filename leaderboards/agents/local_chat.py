@@ -50,21 +50,6 @@ def load_codec(path: str, options: AgentOptions) -> ChatCodec:
         raise FatalAgentError(f"cannot load a tokenizer from {path!r}: {exc}") from None
 
 
-def folder_context(path: str) -> int | None:
-    """The context length in a model folder's ``config.json`` (its text model's, for a
-    multimodal one); None when the folder has no readable config."""
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    thinker = cfg.get("thinker_config")
-    for section in (cfg.get("text_config"), thinker.get("text_config") if isinstance(thinker, dict) else None, cfg):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
-
-
 class ToolCallParser:
     """Reads tool calls out of generated text with a parser of ``relax_gym.tools``."""
 
@@ -247,4 +232,4 @@ class LocalChatSession(AgentSession):
         )
 
 
-__all__ = ["Conversation", "LocalChatAgent", "LocalChatSession", "ToolCallParser", "folder_context", "load_codec"]
+__all__ = ["Conversation", "LocalChatAgent", "LocalChatSession", "ToolCallParser", "load_codec"]

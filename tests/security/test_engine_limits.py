@@ -300,6 +300,19 @@ def test_generate_limits_answer_400_at_once(engine: EmbeddedEngineProcess, body:
     assert fragment in reply.json()["error"]["message"]
 
 
+def test_the_context_bounds_are_sglangs(engine: EmbeddedEngineProcess) -> None:
+    """As SGLang: a prompt plus max_new_tokens up to the context (8192) is taken, one past it is
+    refused with SGLang's message (the eval agents and the rollout budget their turns by it)."""
+    url = f"{engine.url}/generate"
+    prompt = [1] * 8190
+    over = httpx.post(url, json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 3}}, timeout=30)
+    assert over.status_code == 400 and "maximum context length of 8192" in over.json()["error"]["message"]
+    fits = {"input_ids": prompt, "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}
+    reply = httpx.post(url, json=fits, timeout=120)
+    assert reply.status_code == 200, reply.text[:300]
+    assert 1 <= reply.json()["meta_info"]["completion_tokens"] <= 2
+
+
 def test_chat_is_measured_before_rendering(engine: EmbeddedEngineProcess) -> None:
     url = f"{engine.url}/v1/chat/completions"
     huge = {"messages": [{"role": "user", "content": "ab " * 200_000}]}

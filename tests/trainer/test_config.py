@@ -224,3 +224,24 @@ def test_config_import_pulls_no_ray_and_the_async_section_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['relax_gym.trainer.modes', 'relax_gym.trainer.modes.async_config']"
+
+
+def test_a_token_budget_past_the_models_context_fails_at_validation(tmp_path: Path) -> None:
+    """rollout.max_total_tokens over the context in the model folder's config.json: refused before
+    anything loads (the engine would refuse every turn past it), the model and the bound named."""
+    import json
+
+    from relax_gym.trainer.config import ConfigError, check_envs, config_from_dict
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 2048}))
+    data = {"output_dir": str(tmp_path / "out"), "model": {"path": str(folder)},
+            "data": {"envs": [{"id": "relax/ArithmeticWord-v0"}]}}
+    with pytest.raises(ConfigError, match=r"rollout\.max_total_tokens is 4096, but the model .* 2048 tokens.*at most 2048"):
+        check_envs(config_from_dict(data, []))
+    check_envs(config_from_dict(data, ["rollout.max_total_tokens=2048"]))
+    vl = {"model_type": "qwen3_vl", "text_config": {"max_position_embeddings": 1024}}  # the text model's context
+    (folder / "config.json").write_text(json.dumps(vl))
+    with pytest.raises(ConfigError, match="serves a context of 1024 tokens"):
+        check_envs(config_from_dict(data, ["rollout.max_total_tokens=2048"]))

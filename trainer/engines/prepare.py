@@ -255,13 +255,14 @@ def check_image_count(n: int, limits: InputLimits) -> None:
 
 
 def check_context(prompt_tokens: int, max_new_tokens: int, runner: ModelRunner) -> None:
-    """SGLang's two context checks (same wording), done before the request is queued."""
+    """SGLang's two context checks (same wording and bounds: the prompt must be shorter than the
+    context, the prompt plus ``max_new_tokens`` at most the context), before the request is queued."""
     context = runner.max_context
     if prompt_tokens >= context:
         raise BadRequest(
             f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context} tokens)."
         )
-    if prompt_tokens + max_new_tokens >= context:
+    if prompt_tokens + max_new_tokens > context:
         raise BadRequest(
             f"Requested token count exceeds the model's maximum context length of {context} tokens. "
             f"You requested a total of {prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from "

@@ -18,6 +18,8 @@ them: :data:`ENGINE_ONLY_MODEL_TYPES`). Families with sliding layers but no ``la
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from relax_gym.errors import RelaxGymError
@@ -63,10 +65,31 @@ def served_context(text_config: Any) -> int:
     return context
 
 
+def folder_context(path: str | Path) -> int | None:
+    """The context :func:`served_context` gives a model folder, read from its ``config.json``
+    alone (the text model's section for a multimodal one, the thinker's for Qwen3-Omni); None
+    when the folder has no readable config or it states no ``max_position_embeddings``."""
+    import json
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    thinker = cfg.get("thinker_config")
+    for section in (cfg.get("text_config"), thinker.get("text_config") if isinstance(thinker, dict) else None, cfg):
+        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return served_context(SimpleNamespace(**section))
+    return None
+
+
 __all__ = [
     "ENGINE_ONLY_MODEL_TYPES",
     "SERVABLE_MODEL_TYPES",
     "UnsupportedArchitecture",
     "check_servable",
+    "folder_context",
     "served_context",
 ]
