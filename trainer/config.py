@@ -880,17 +880,21 @@ def _check_context(config: TrainConfig) -> None:
     """``rollout.max_total_tokens`` must fit the model's context: an engine (SGLang, or the
     embedded one with its rules) refuses a turn whose prompt plus ``max_new_tokens`` passes it,
     so every long episode would end as an engine error hours in. Checked for a model folder;
-    a tiny built model has the context its spec gives (8192 by default)."""
-    if config.model.path is None:
-        return
+    for a tiny built model, the context its spec gives (``model.build.text``, else 8192)."""
     from relax_gym.trainer.models.architectures import folder_context
+    from relax_gym.trainer.models.tiny import TEXT_DEFAULTS
 
-    context = folder_context(config.model.path)
+    build = config.model.build
+    if build is not None:
+        context: int | None = int(build.text.get("max_position_embeddings", TEXT_DEFAULTS["max_position_embeddings"]))
+        name, where = f"model.build (tiny {build.kind})", "model.build.text"
+    else:
+        context, name, where = folder_context(str(config.model.path)), str(config.model.path), "its config.json"
     budget = config.rollout.max_total_tokens
     if context is not None and budget > context:
         raise ConfigError(
-            f"rollout.max_total_tokens is {budget}, but the model {config.model.path} serves a context of {context} "
-            f"tokens (its config.json): every turn past it would be refused by the engine; set "
+            f"rollout.max_total_tokens is {budget}, but the model {name} serves a context of {context} "
+            f"tokens ({where}): every turn past it would be refused by the engine; set "
             f"rollout.max_total_tokens to at most {context}"
         )
 

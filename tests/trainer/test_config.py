@@ -245,3 +245,8 @@ def test_a_token_budget_past_the_models_context_fails_at_validation(tmp_path: Pa
     (folder / "config.json").write_text(json.dumps(vl))
     with pytest.raises(ConfigError, match="serves a context of 1024 tokens"):
         check_envs(config_from_dict(data, ["rollout.max_total_tokens=2048"]))
+    tiny = {"output_dir": str(tmp_path / "out"), "data": {"envs": [{"id": "relax/ArithmeticWord-v0"}]},
+            "model": {"build": {"kind": "qwen3", "text": {"max_position_embeddings": 512}}}}
+    with pytest.raises(ConfigError, match=r"model\.build \(tiny qwen3\) serves a context of 512 tokens"):
+        check_envs(config_from_dict(tiny, []))
+    check_envs(config_from_dict(tiny, ["rollout.max_total_tokens=512"]))
