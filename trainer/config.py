@@ -881,7 +881,7 @@ def _check_context(config: TrainConfig) -> None:
     embedded one with its rules) refuses a turn whose prompt plus ``max_new_tokens`` passes it,
     so every long episode would end as an engine error hours in. Checked for a model folder;
     for a tiny built model, the context its spec gives (``model.build.text``, else 8192)."""
-    from relax_gym.trainer.models.architectures import folder_context
+    from relax_gym.model_context import folder_context
     from relax_gym.trainer.models.tiny import TEXT_DEFAULTS
 
     build = config.model.build

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from relax_gym.core import Env
-from relax_gym.trainer.models.architectures import folder_context
+from relax_gym.model_context import folder_context
 
 from .base import AgentOptions, EpisodeInfo, FatalAgentError
 from .local_chat import Conversation, LocalChatAgent, LocalChatSession, load_codec

@@ -16,7 +16,7 @@ from typing import Any
 from relax_gym.core import Env
 from relax_gym.protocol import EngineClient, EngineError, GenerateRequest, SamplingParams
 from relax_gym.audio import collapse_audio_tokens
-from relax_gym.trainer.models.architectures import folder_context
+from relax_gym.model_context import folder_context
 from relax_gym.video import collapse_spans
 
 from .base import AgentError, AgentOptions, EpisodeInfo, FatalAgentError, call_engine, refusal

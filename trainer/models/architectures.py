@@ -18,11 +18,10 @@ them: :data:`ENGINE_ONLY_MODEL_TYPES`). Families with sliding layers but no ``la
 
 from __future__ import annotations
 
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from relax_gym.errors import RelaxGymError
+from relax_gym.model_context import served_context_of
 
 #: HF ``model_type`` values the engine serves (and, but for ENGINE_ONLY_MODEL_TYPES, trains)
 SERVABLE_MODEL_TYPES: frozenset[str] = frozenset(
@@ -57,32 +56,8 @@ def check_servable(config: Any, where: str = "the embedded engine", *, for_train
 def served_context(text_config: Any) -> int:
     """The longest sequence the engine serves exactly: the model's context, or for a family with
     sliding-window layers the window (beyond it the engine's full-KV cache would over-attend)."""
-    context = int(getattr(text_config, "max_position_embeddings", None) or 32768)
-    layer_types = getattr(text_config, "layer_types", None) or []
-    window = getattr(text_config, "sliding_window", None)
-    if "sliding_attention" in layer_types and window:
-        context = min(context, int(window))
-    return context
-
-
-def folder_context(path: str | Path) -> int | None:
-    """The context :func:`served_context` gives a model folder, read from its ``config.json``
-    alone (the text model's section for a multimodal one, the thinker's for Qwen3-Omni); None
-    when the folder has no readable config or it states no ``max_position_embeddings``."""
-    import json
-
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(cfg, dict):
-        return None
-    thinker = cfg.get("thinker_config")
-    for section in (cfg.get("text_config"), thinker.get("text_config") if isinstance(thinker, dict) else None, cfg):
-        value = section.get("max_position_embeddings") if isinstance(section, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return served_context(SimpleNamespace(**section))
-    return None
+    return served_context_of(getattr(text_config, "max_position_embeddings", None),
+                             getattr(text_config, "layer_types", None), getattr(text_config, "sliding_window", None))
 
 
 __all__ = [
@@ -90,6 +65,5 @@ __all__ = [
     "SERVABLE_MODEL_TYPES",
     "UnsupportedArchitecture",
     "check_servable",
-    "folder_context",
     "served_context",
 ]
