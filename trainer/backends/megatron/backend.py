@@ -30,7 +30,6 @@ import math
 import os
 import shutil
 import socket
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from functools import partial
@@ -71,6 +70,7 @@ from relax_gym.trainer.backends.megatron.packing import (
     token_logprobs,
 )
 from relax_gym.trainer.backends.megatron.sources import SafetensorsSource
+from relax_gym.trainer.backends.megatron.writers import guarded_writers
 from relax_gym.trainer.safe_state import one_line, read_json_model
 from torch import Tensor
 
@@ -491,7 +491,7 @@ class MegatronBackend(TrainerBackend):
         state = {"model": self.module.sharded_state_dict()}
         state["optimizer"] = self.optimizer.sharded_state_dict(state["model"])
         _in_process_results_queue()
-        with _children_allowed(), _forked_writers_die_with_this_process():
+        with _children_allowed(), guarded_writers():
             dist_checkpointing.save(state, str(ckpt))
         if dist.get_rank() == 0:
             meta = {
@@ -568,49 +568,6 @@ def _children_allowed() -> Iterator[None]:
     finally:
         if daemon:
             config["daemon"] = daemon
-
-
-_fork_guard = threading.local()
-_fork_hook_installed = False
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent_after_fork() -> None:
-    """In a child forked by a thread inside :func:`_forked_writers_die_with_this_process`: ask
-    the kernel for SIGKILL when the parent dies, and leave at once if it already has."""
-    parent = getattr(_fork_guard, "parent", None)
-    if parent is None:
-        return
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: no death signal to ask for
-        return
-    if os.getppid() != parent:  # the parent died between the fork and the prctl
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def _forked_writers_die_with_this_process() -> Iterator[None]:
-    """Children that this thread forks for the duration get SIGKILL when this process dies.
-
-    Megatron's checkpoint writers are forks of the rank. A rank killed mid-save (SIGKILL, the
-    OOM killer, torchrun ending a group) runs no clean-up, and its writers then wait forever in
-    ``JoinableQueue.task_done`` for a parent that is gone: orphans that keep the rank's memory.
-    The guard is thread-local, so forks by other threads (and ``subprocess``, which runs no
-    fork hooks) are untouched. The death signal fires when the forking thread ends, and this one
-    waits for its writers inside ``save``."""
-    global _fork_hook_installed
-    if not _fork_hook_installed and hasattr(os, "register_at_fork"):
-        os.register_at_fork(after_in_child=_die_with_parent_after_fork)
-        _fork_hook_installed = True
-    _fork_guard.parent = os.getpid()
-    try:
-        yield
-    finally:
-        _fork_guard.parent = None
 
 
 class _SavedMeta(BaseModel):
