@@ -83,6 +83,9 @@ def assert_pool_healthy(pool: SandboxPool) -> None:
     while sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     left = sandbox_processes()
+    if left:  # a leak persists; a pid seen once and gone a moment later was a call's teardown in flight
+        time.sleep(1.0)
+        left = sorted(set(left) & set(sandbox_processes()))
     assert left == [], f"processes of a call outlived it: {[describe_process(pid) for pid in left]}"
     assert pool.run("print('still serving')").stdout == "still serving\n"
 
