@@ -40,8 +40,11 @@ class MediaError(RelaxGymError, ValueError):
     """An image, audio clip or video could not be read or written.
 
     ``source`` describes the input (a path, ``"<bytes len=123>"``, ...) and ``cause`` says why,
-    so the message never needs a decoder's traceback to be understood.
+    so the message never needs a decoder's traceback to be understood. ``reason`` is what a
+    metric counts it under: ``corrupt`` here, a budget's name in the budget refusals.
     """
+
+    reason: str = "corrupt"
 
     def __init__(self, kind: str, source: str, cause: str) -> None:
         self.kind = kind

@@ -637,25 +637,24 @@ class EngineClient:
         """``GET /model_info`` (falls back to ``/get_model_info``)."""
         return ModelInfo.model_validate(await self._info("/model_info", "/get_model_info", self.control_timeout_s))
 
-    async def served_models(self) -> list[str]:
-        """The ids ``GET /v1/models`` lists (empty when the route is missing or unreadable)."""
+    async def _model_cards(self) -> list[dict[str, Any]]:
+        """The cards ``GET /v1/models`` lists (empty when the route is missing or unreadable)."""
         try:
             data = await self._request("GET", "/v1/models", timeout_s=self.control_timeout_s)
         except EngineError:
             return []
         items = data.get("data") if isinstance(data, dict) else None
-        return [str(m["id"]) for m in items or [] if isinstance(m, dict) and "id" in m]
+        return [m for m in items or [] if isinstance(m, dict)]
+
+    async def served_models(self) -> list[str]:
+        """The ids ``GET /v1/models`` lists (empty when the route is missing or unreadable)."""
+        return [str(m["id"]) for m in await self._model_cards() if "id" in m]
 
     async def max_model_len(self) -> int | None:
         """The context length the server enforces, from ``GET /v1/models`` (``max_model_len`` of
-        the first card, as SGLang and the embedded engine report it); None when not reported."""
-        try:
-            data = await self._request("GET", "/v1/models", timeout_s=self.control_timeout_s)
-        except EngineError:
-            return None
-        items = data.get("data") if isinstance(data, dict) else None
-        for card in items or []:
-            value = card.get("max_model_len") if isinstance(card, dict) else None
+        the first card that states one, as SGLang and the embedded engine do); None when none does."""
+        for card in await self._model_cards():
+            value = card.get("max_model_len")
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None

@@ -102,8 +102,7 @@ class Conversation:
         try:
             # a corrupt or over-budget clip: the model reads why in its place
             self.codec.build_screened(lambda msgs: self._extend(observation, msgs), messages,
-                                      lambda errors: self.media_errors.extend(getattr(e, "reason", "corrupt")
-                                                                              for e in errors))
+                                      lambda errors: self.media_errors.extend(e.reason for e in errors))
         except TemplateError as exc:
             raise AgentError(f"chat template: {exc}") from None
         except MediaError as exc:  # no single clip at fault (too many clips): this episode fails
@@ -199,9 +198,10 @@ class LocalChatSession(AgentSession):
         """Generate from ``self.conv.ids``: (output ids, prompt tokens, completion tokens)."""
 
     def reply_budget(self) -> int:
-        """``--max-tokens``, cut to the room the model's context has left: SGLang refuses a request
-        whose prompt plus ``max_new_tokens`` passes the context (the embedded engine at equal), so
-        a long multi-turn episode would otherwise end in an engine error instead of a truncation."""
+        """``--max-tokens``, cut to the room the model's context has left: SGLang (and the embedded
+        engine, with its bounds) refuses a request whose prompt plus ``max_new_tokens`` passes the
+        context, so a long multi-turn episode would otherwise end in an engine error instead of a
+        truncation. One token is kept spare, as SGLang may count reserved tokens with the prompt."""
         limit = self.agent.context_limit
         if limit is None:
             return self.agent.options.max_tokens

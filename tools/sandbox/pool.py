@@ -415,7 +415,7 @@ _DRAIN_TICK_S = 0.02
 _READY_TIMEOUT_S = 30.0
 
 
-def _signal_name(sig: int) -> str:
+def signal_name(sig: int) -> str:
     """SIGTERM, SIGRTMIN+3, ... -- any number the kernel may report, never an exception."""
     try:
         return signal.Signals(sig).name
@@ -536,7 +536,7 @@ def _exit_outcome(status: int, cpu_s: float, cpu_limit: float) -> tuple[int, str
     if not os.WIFSIGNALED(status):
         return None
     sig = os.WTERMSIG(status)
-    reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {_signal_name(sig)}"
+    reason = _SIGNAL_REASONS.get(sig) or f"killed by signal {signal_name(sig)}"
     if sig == signal.SIGKILL and cpu_s >= cpu_limit - 0.05:
         reason = "cpu_time_limit"  # the hard RLIMIT_CPU (SIGXCPU was ignored)
     return -sig, reason

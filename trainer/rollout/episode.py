@@ -334,9 +334,8 @@ class EpisodeRunner:
 
     def _count_media_errors(self, errors: list[MediaError]) -> None:
         for exc in errors:
-            reason = getattr(exc, "reason", "corrupt")
-            self.metrics.media_errors[reason] += 1
-            self.media_errors.append(reason)
+            self.metrics.media_errors[exc.reason] += 1
+            self.media_errors.append(exc.reason)
 
     # -- split policy ---------------------------------------------------------------------------------
     def _needs_split(self, new_msgs: list[dict[str, Any]]) -> bool:

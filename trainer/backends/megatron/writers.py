@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _fork_guard = threading.local()
@@ -58,14 +58,16 @@ def _children() -> list[Any]:
 
 
 def describe_exit(code: int) -> str:
+    """A writer's exit code in words (a negative code is the signal that killed it)."""
     if code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)  # noqa: SLF001
+        from relax_gym.tools.sandbox.pool import signal_name  # only on this error path
+
         hint = " (the OOM killer sends it when memory runs out)" if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
+        return f"killed by {signal_name(-code)}{hint}"
     return f"exit code {code}"
 
 
-def _watch(report_fd: int, stop: threading.Event, on_failure: Any) -> None:
+def _watch(report_fd: int, stop: threading.Event, on_failure: Callable[[Any, int], None]) -> None:
     """Until ``stop``: a child that the saving thread forked (its pid reported through
     ``report_fd`` by the child itself) and that exited with a failure ends the rank."""
     writers: set[int] = set()
@@ -97,7 +99,7 @@ def _end_rank(child: Any, code: int) -> None:
 
 
 @contextlib.contextmanager
-def guarded_writers(on_failure: Any = _end_rank) -> Iterator[None]:
+def guarded_writers(on_failure: Callable[[Any, int], None] = _end_rank) -> Iterator[None]:
     """The saving thread's forks die with this process, and one that fails ends it (see the
     module docstring). The death-signal guard is thread-local: forks by other threads, and
     ``subprocess`` (which runs no fork hooks), are untouched. The death signal fires when the
